@@ -1,0 +1,125 @@
+"""The server seam: start, wait until ready while watching the process, read logs, stop — for any backend.
+
+Readiness is `GET health_path` answering 200 under the runner's own deadline; an exit meanwhile fails fast
+with the exit code and the log tail (vLLM-Omni may exit at an init OOM, or hang without listening).
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from runner.failures import classify_start
+from runner.matrix import Mount
+from runner.records import Failure
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    name: str  # deterministic: runner-<run id>-<card>-<flags>
+    argv: tuple[str, ...]  # the command (local) or the container's command (docker)
+    env: Mapping[str, str]
+    host: str  # where the runner reaches the server
+    port: int  # the port the runner reaches
+    health_path: str
+    log_path: Path
+    image: str | None = None
+    container_port: int | None = None
+    publish_host: str = "127.0.0.1"
+    docker_host: str | None = None
+    gpu: str | None = None
+    mounts: tuple[Mount, ...] = ()
+    shm_size: str | None = None
+    ipc_mode: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class ExitInfo:
+    code: int | None
+    oom_killed: bool = False
+
+
+class StartFailed(Exception):
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+
+
+class RunningServer(ABC):
+    """One server start. `start` and `stop` are the only side effects; `stop` is idempotent."""
+
+    def __init__(self, spec: ServerSpec) -> None:
+        self.spec = spec
+
+    @property
+    def base_url(self) -> str:
+        return self.spec.base_url
+
+    @abstractmethod
+    def start(self) -> None: ...
+
+    @abstractmethod
+    def exited(self) -> ExitInfo | None:
+        """None while the server runs."""
+
+    @abstractmethod
+    def stop(self) -> None: ...
+
+    def host_memory_bytes(self) -> int | None:
+        """Host RAM held by the server (RSS or container usage); None when unknown."""
+        return None
+
+    def info(self) -> dict[str, Any]:
+        return {}
+
+    # The log is a file in the session directory for every backend, so OOM lines are found the same way.
+    def log_size(self) -> int:
+        try:
+            return self.spec.log_path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def read_log(self, start: int = 0, end: int | None = None) -> str:
+        try:
+            with self.spec.log_path.open("rb") as f:
+                f.seek(start)
+                data = f.read(-1 if end is None else max(0, end - start))
+        except FileNotFoundError:
+            return ""
+        return data.decode("utf-8", errors="replace")
+
+    def log_tail(self, size: int = 16_384) -> str:
+        return self.read_log(max(0, self.log_size() - size))
+
+    def wait_ready(self, deadline_s: float, poll_s: float = 0.25) -> float:
+        """Seconds until ready; raises StartFailed (after stopping the server) when it never is."""
+        t0 = time.monotonic()
+        url = self.base_url + self.spec.health_path
+        with httpx.Client(timeout=5.0) as client:
+            while True:
+                gone = self.exited()
+                if gone is not None:
+                    self.stop()
+                    raise StartFailed(classify_start(exit_code=gone.code, oom_killed=gone.oom_killed,
+                                                     timed_out=False, log_tail=self.log_tail()))
+                try:
+                    if client.get(url).status_code == 200:
+                        return time.monotonic() - t0
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() - t0 > deadline_s:
+                    self.stop()
+                    raise StartFailed(classify_start(exit_code=None, oom_killed=False, timed_out=True,
+                                                     log_tail=self.log_tail()))
+                time.sleep(poll_s)

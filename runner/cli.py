@@ -1,0 +1,190 @@
+"""Command line: `runner MATRIX`, `runner plan MATRIX`, `runner report RUN_DIR`, `runner refserver ...`.
+
+Bad input ends as one line on stderr and exit code 2; an interrupted run keeps every record written so far.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import re
+import socket
+import statistics
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from runner import __version__
+from runner.errors import UserError
+
+COMMANDS = ("run", "plan", "report", "refserver", "meter")
+
+
+def _iso(ts: float | None = None) -> str:
+    return dt.datetime.fromtimestamp(ts if ts is not None else dt.datetime.now().timestamp(),
+                                     dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for name in ("docker", "httpx", "numpy", "pillow", "scikit-image", "nvidia-ml-py", "torch", "fastapi"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[name] = metadata.version(name)
+    return out
+
+
+def _run_doc(matrix, plan, run_id: str, started: float) -> dict:
+    return {
+        "run_id": run_id,
+        "started_at": started, "started_at_iso": _iso(started),
+        "matrix": {"path": str(matrix.path), "sha256": matrix.sha256, "text": matrix.text},
+        "runner": {"version": __version__, "python": platform.python_version(), "packages": _versions()},
+        "host": {"hostname": socket.gethostname(), "platform": platform.platform(), "cpus": os.cpu_count()},
+        "cards": {name: {"vram_gib": c.vram_gib, "backend": c.backend, "docker_host": c.docker_host,
+                         "gpu": c.gpu, "server": c.server, "image": matrix.servers[c.server].image,
+                         "meters": list(c.meters)} for name, c in matrix.cards.items()},
+        "plan": {"lanes": len(plan.lanes), "sessions": len(plan.sessions), "steps": len(plan.steps)},
+    }
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from runner.execute import RunContext, rescore_against_cell, run_plan
+    from runner.matrix import load_matrix
+    from runner.plan import make_plan
+    from runner.progress import ProgressView
+    from runner.store import RunStore
+
+    matrix = load_matrix(args.matrix)
+    plan = make_plan(matrix)
+    started = dt.datetime.now().timestamp()
+    if args.resume:
+        root = Path(args.resume)
+        if not (root / "run.json").is_file():
+            raise UserError(f"{root}: not a run directory (no run.json)")
+        run_doc = json.loads((root / "run.json").read_text())
+        if run_doc["matrix"]["sha256"] != matrix.sha256:
+            raise UserError(f"{args.matrix}: matrix changed since run {run_doc['run_id']} (sha256 differs)")
+        run_id = run_doc["run_id"]
+    else:
+        run_id = re.sub(r"[^a-zA-Z0-9_.-]+", "-", matrix.run.name) + "-" + _iso(started).replace(":", "")
+        root = (Path(args.results) if args.results else matrix.run.results_dir) / run_id
+        run_doc = _run_doc(matrix, plan, run_id, started)
+    store = RunStore(root)
+    store.write_run(run_doc)
+    done = frozenset(s.key for s in store.load_steps() if s.status != "skipped") if args.resume else frozenset()
+    print(f"runner: run {run_id}: {len(plan.sessions)} server start(s), {len(plan.steps)} request(s) "
+          f"→ {root}", file=sys.stderr)
+    view = ProgressView(enabled=not args.no_progress)
+    ctx = RunContext(matrix=matrix, plan=plan, store=store, run_id=run_id, events=view, done_keys=done)
+    interrupted = False
+    try:
+        with view:
+            run_plan(ctx)
+    except KeyboardInterrupt:
+        interrupted = True
+    finished = dt.datetime.now().timestamp()
+    store.write_run({**run_doc, "finished_at": finished, "finished_at_iso": _iso(finished),
+                     "interrupted": interrupted})
+    _finish(store, matrix, rescore=rescore_against_cell, ctx=ctx)
+    if interrupted:
+        print(f"runner: interrupted; every finished step is in {root} (resume with --resume {root})",
+              file=sys.stderr)
+        return 130
+    return 0
+
+
+def _finish(store, matrix, rescore=None, ctx=None) -> None:
+    from runner import baseline
+    from runner.report import write_report
+    from runner.verdict import decide_all
+
+    if rescore and ctx:
+        rescore(ctx)
+    steps, sessions = store.load_steps(), store.load_sessions()
+    wall = None
+    if matrix.baseline and matrix.baseline.directory:
+        target = matrix.verdict.target_references
+        walls = [s.wall_s for s in baseline.load_samples(matrix.baseline.directory)
+                 if s.wall_s and s.references in (target, None)]
+        wall = statistics.fmean(walls) if walls else None
+    verdicts = decide_all(steps, sessions, matrix.verdict, list(dict.fromkeys(s.card for s in steps)), wall)
+    report = write_report(store, verdicts)
+    for v in verdicts:
+        print(f"{v.card}: {v.world} — {v.reason}")
+    print(f"report: {report}")
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from runner.matrix import load_matrix
+    from runner.plan import describe, make_plan
+
+    matrix = load_matrix(args.matrix, check_files=False)
+    print(describe(make_plan(matrix), matrix))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from runner.matrix import load_matrix
+    from runner.store import RunStore
+
+    root = Path(args.run_dir)
+    if not (root / "run.json").is_file():
+        raise UserError(f"{root}: not a run directory (no run.json)")
+    store = RunStore(root)
+    doc = store.load_run()
+    # The verdict is recomputed from the matrix text stored in the run, not from a file that may have moved.
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "matrix.toml"
+        copy.write_text(doc["matrix"]["text"])
+        matrix = load_matrix(copy, check_files=False)
+    _finish(store, matrix)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="runner", description="Benchmark matrix runner for GPU diffusion "
+                                     "serving. `runner MATRIX` runs a matrix.")
+    parser.add_argument("--version", action="version", version=f"runner {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a matrix (the default command)")
+    run.add_argument("matrix")
+    run.add_argument("--results", help="results folder (default: [run] results_dir)")
+    run.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run in RUN_DIR")
+    run.add_argument("--no-progress", action="store_true", help="no live bars, only one line per step")
+    run.set_defaults(func=cmd_run)
+    plan = sub.add_parser("plan", help="print the plan of a matrix without running anything")
+    plan.add_argument("matrix")
+    plan.set_defaults(func=cmd_plan)
+    report = sub.add_parser("report", help="(re)write report.md, verdict.json and plots of a run")
+    report.add_argument("run_dir")
+    report.set_defaults(func=cmd_report)
+    sub.add_parser("refserver", help="the reference diffusion server (see `runner refserver --help`)",
+                   add_help=False)
+    sub.add_parser("meter", help="the NVML meter sidecar for remote GPU hosts", add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "refserver":
+        from runner.refserver.cli import main as refserver_main
+
+        return refserver_main(argv[1:])
+    if argv and argv[0] == "meter":
+        from runner.meters.sidecar import main as meter_main
+
+        return meter_main(argv[1:])
+    if argv and argv[0] not in COMMANDS and not argv[0].startswith("-"):
+        argv.insert(0, "run")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except UserError as exc:
+        print(f"runner: error: {exc}", file=sys.stderr)
+        return exc.exit_code

@@ -1,0 +1,467 @@
+"""matrix.toml → a validated, frozen Matrix.
+
+Every problem becomes one UserError line naming the file, the key and the value; unknown keys are errors
+(a typo must not silently fall back to a default). Paths are relative to the matrix file's folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import string
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runner.errors import UserError
+
+DIALECTS = ("vllm-omni-chat", "openai-images")
+BACKENDS = ("local", "docker")
+METERS = ("nvml", "dcgm", "prometheus", "server", "host", "sidecar")
+ROLES = ("default", "offload", "quantization", "other")
+PLACEHOLDERS = ("port", "host", "model", "python", "card", "gpu", "vram_gib", "flags")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    name: str
+    seeds: tuple[int, ...]
+    steps: int
+    size: tuple[int, int] | None  # None: the server's default for the first reference
+    true_cfg_scale: float | None
+    negative_prompt: str | None
+    request_timeout_s: float
+    ready_timeout_s: float
+    results_dir: Path
+    stop_after_oom: bool  # an OOM at n references implies the larger counts of that session
+    restarts: int  # server restarts allowed per session after a crash
+    determinism_check: bool  # send each session's first step twice
+    require_idle_gpu: bool
+    sample_hz: float
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: str
+    target: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True)
+class ServerProfile:
+    name: str
+    command: tuple[str, ...]
+    image: str | None
+    port: int  # port inside the container / on the host; 0 picks a free one (local backend)
+    health_path: str
+    dialect: str
+    model: str
+    env: Mapping[str, str]
+    mounts: tuple[Mount, ...]
+    shm_size: str | None
+    ipc_mode: str | None
+
+
+@dataclass(frozen=True)
+class Card:
+    name: str
+    server: str
+    backend: str
+    docker_host: str | None
+    gpu: str | None  # index or UUID
+    vram_gib: float
+    meters: tuple[str, ...]
+    publish_host: str
+    env: Mapping[str, str]
+    dcgm_url: str | None
+    prometheus_url: str | None
+    sidecar_url: str | None
+
+
+@dataclass(frozen=True)
+class FlagSet:
+    name: str
+    role: str
+    args: tuple[str, ...]
+    env: Mapping[str, str]
+    description: str
+
+
+@dataclass(frozen=True)
+class Fixture:
+    name: str
+    prompt: str
+    references: tuple[Path, ...]
+
+
+@dataclass(frozen=True)
+class Baseline:
+    directory: Path | None  # holds samples.json (fixture + references + seed → image file)
+    cell: tuple[str, str] | None  # (card, flag set) of this same run
+
+
+@dataclass(frozen=True)
+class Axes:
+    cards: tuple[str, ...]
+    flags: tuple[str, ...]
+    references: tuple[int, ...]
+    fixtures: tuple[str, ...]
+    exclude: tuple[Mapping[str, str], ...]
+
+
+@dataclass(frozen=True)
+class VerdictRules:
+    target_references: int
+    max_latency_ratio: float
+    min_psnr_db: float
+    offload_roles: tuple[str, ...]
+    max_transparent_share: float
+    min_pixel_std: float
+
+
+@dataclass(frozen=True)
+class Matrix:
+    path: Path
+    sha256: str
+    text: str
+    run: RunSettings
+    servers: Mapping[str, ServerProfile]
+    cards: Mapping[str, Card]
+    flags: Mapping[str, FlagSet]
+    fixtures: Mapping[str, Fixture]
+    baseline: Baseline | None
+    axes: Axes
+    verdict: VerdictRules
+    missing_files: tuple[Path, ...] = field(default=())
+
+
+# --- table reading with exact error lines ----------------------------------------------------------------
+
+
+class _Table:
+    """A TOML table being read: tracks its key path and rejects keys nobody asked for."""
+
+    def __init__(self, file: Path, path: str, data: Any) -> None:
+        if not isinstance(data, dict):
+            raise UserError(f"{file}: [{path}] must be a table, got {_show(data)}")
+        self.file, self.path, self.data, self.seen = file, path, data, set()
+
+    def key(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def _err(self, key: str, msg: str) -> UserError:
+        return UserError(f"{self.file}: key '{self.key(key)}' {msg}")
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any = ..., *, what: str = "") -> Any:
+        self.seen.add(key)
+        if key not in self.data:
+            if default is ...:
+                raise self._err(key, "is required")
+            return default
+        value = self.data[key]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        # bool is an int in Python, but `steps = true` is a mistake, not 1.
+        if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
+            raise self._err(key, f"must be {what or _kind_name(kinds)}, got {_show(value)}")
+        return value
+
+    def list_of(self, key: str, kind: type, default: Any = ..., *, min_len: int = 0) -> tuple:
+        value = self.get(key, list, default, what=f"a list of {_kind_name((kind,))}")
+        for item in value:
+            if not isinstance(item, kind) or (isinstance(item, bool) and kind is not bool):
+                raise self._err(key, f"must hold only {_kind_name((kind,))}, got {_show(item)}")
+        if len(value) < min_len:
+            raise self._err(key, f"must hold at least {min_len} item(s), got {_show(value)}")
+        return tuple(value)
+
+    def str_map(self, key: str) -> dict[str, str]:
+        value = self.get(key, dict, {}, what="a table of strings")
+        for k, v in value.items():
+            if not isinstance(v, (str, int, float)) or isinstance(v, bool):
+                raise self._err(f"{key}.{k}", f"must be a string, got {_show(v)}")
+        return {k: str(v) for k, v in value.items()}
+
+    def choice(self, key: str, choices: tuple[str, ...], default: Any = ...) -> str:
+        value = self.get(key, str, default)
+        if value not in choices:
+            raise self._err(key, f"must be one of {', '.join(choices)}, got {_show(value)}")
+        return value
+
+    def positive(self, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+        value = self.get(key, kind, default)
+        if value is not None and value <= 0:
+            raise self._err(key, f"must be > 0, got {_show(value)}")
+        return value
+
+    def sub(self, key: str) -> _Table:
+        self.seen.add(key)
+        return _Table(self.file, self.key(key), self.data.get(key, {}))
+
+    def done(self) -> None:
+        unknown = sorted(set(self.data) - self.seen)
+        if unknown:
+            raise UserError(f"{self.file}: unknown key '{self.key(unknown[0])}'")
+
+    def err(self, key: str, msg: str) -> UserError:
+        return self._err(key, msg)
+
+
+def _kind_name(kinds: tuple[type, ...]) -> str:
+    names = {str: "a string", int: "an integer", float: "a number", bool: "true or false", list: "a list",
+             dict: "a table"}
+    if set(kinds) == {int, float}:
+        return "a number"
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _name_ok(file: Path, section: str, name: str) -> None:
+    allowed = set(string.ascii_letters + string.digits + "-_.")
+    if not name or not set(name) <= allowed:
+        raise UserError(f"{file}: [{section}.{name}] name may use only letters, digits, '-', '_' and '.'")
+
+
+def parse_size(text: str) -> tuple[int, int] | None:
+    try:
+        w, h = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        return None
+    return (w, h) if w > 0 and h > 0 else None
+
+
+def check_template(file: Path, where: str, text: str) -> None:
+    """Placeholders in commands must be known: a typo would otherwise reach the server verbatim."""
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
+    except ValueError as exc:
+        raise UserError(f"{file}: key '{where}' has a bad placeholder in {text!r}: {exc}") from None
+    for name in fields:
+        if name not in PLACEHOLDERS:
+            raise UserError(f"{file}: key '{where}' uses unknown placeholder {{{name}}} "
+                            f"(known: {', '.join(PLACEHOLDERS)})")
+
+
+# --- sections ----------------------------------------------------------------------------------------------
+
+
+def _run(file: Path, t: _Table, base: Path) -> RunSettings:
+    size_text = t.get("size", str, None)
+    size = None
+    if size_text is not None and (size := parse_size(size_text)) is None:
+        raise t.err("size", f"must look like '1024x1024', got {_show(size_text)}")
+    seeds = t.list_of("seeds", int, [0], min_len=1)
+    restarts = t.get("restarts", int, 1)
+    if restarts < 0:
+        raise t.err("restarts", f"must be >= 0, got {restarts}")
+    run = RunSettings(
+        name=t.get("name", str, file.stem),
+        seeds=seeds,
+        steps=t.positive("steps", int, 20),
+        size=size,
+        true_cfg_scale=t.get("true_cfg_scale", (int, float), None),
+        negative_prompt=t.get("negative_prompt", str, None),
+        request_timeout_s=float(t.positive("request_timeout_s", (int, float), 600)),
+        ready_timeout_s=float(t.positive("ready_timeout_s", (int, float), 900)),
+        results_dir=(base / Path(t.get("results_dir", str, "results")).expanduser()),
+        stop_after_oom=t.get("stop_after_oom", bool, True),
+        restarts=restarts,
+        determinism_check=t.get("determinism_check", bool, True),
+        require_idle_gpu=t.get("require_idle_gpu", bool, False),
+        sample_hz=float(t.positive("sample_hz", (int, float), 20)),
+    )
+    t.done()
+    return run
+
+
+def _server(file: Path, name: str, t: _Table) -> ServerProfile:
+    command = t.list_of("command", str, (), min_len=0)
+    image = t.get("image", str, None)
+    if not command and not image:
+        raise t.err("command", "is required when no image is given")
+    for i, arg in enumerate(command):
+        check_template(file, f"{t.path}.command[{i}]", arg)
+    mounts = []
+    for i, m in enumerate(t.get("mounts", list, [], what="a list of tables")):
+        mt = _Table(file, f"{t.path}.mounts[{i}]", m)
+        mounts.append(Mount(mt.get("source", str), mt.get("target", str), mt.get("read_only", bool, True)))
+        mt.done()
+    health = t.get("health_path", str, "/health")
+    if not health.startswith("/"):
+        raise t.err("health_path", f"must start with '/', got {_show(health)}")
+    port = t.get("port", int, 0 if not image else 8000)
+    if not 0 <= port < 65536:
+        raise t.err("port", f"must be a TCP port, got {port}")
+    profile = ServerProfile(
+        name=name, command=command, image=image, port=port, health_path=health,
+        dialect=t.choice("dialect", DIALECTS, "vllm-omni-chat"), model=t.get("model", str, name),
+        env=t.str_map("env"), mounts=tuple(mounts), shm_size=t.get("shm_size", str, None),
+        ipc_mode=t.get("ipc_mode", str, None),
+    )
+    t.done()
+    return profile
+
+
+def _card(file: Path, name: str, t: _Table, servers: Mapping[str, ServerProfile]) -> Card:
+    server = t.get("server", str)
+    if server not in servers:
+        raise t.err("server", f"names unknown server profile {_show(server)} (known: {', '.join(servers)})")
+    backend = t.choice("backend", BACKENDS, "local")
+    docker_host = t.get("docker_host", str, None)
+    if docker_host and not docker_host.startswith(("unix://", "tcp://", "ssh://", "npipe://")):
+        raise t.err("docker_host", f"must start with unix://, tcp:// or ssh://, got {_show(docker_host)}")
+    if backend == "docker" and servers[server].image is None:
+        raise t.err("backend", f"is docker but server profile '{server}' has no image")
+    gpu = t.get("gpu", (str, int), None)
+    meters = t.list_of("meters", str, ("server", "host"))
+    for m in meters:
+        if m not in METERS:
+            raise t.err("meters", f"names unknown meter {_show(m)} (known: {', '.join(METERS)})")
+    card = Card(
+        name=name, server=server, backend=backend, docker_host=docker_host,
+        gpu=None if gpu is None else str(gpu), vram_gib=float(t.positive("vram_gib", (int, float))),
+        meters=meters, publish_host=t.get("publish_host", str, "127.0.0.1"), env=t.str_map("env"),
+        dcgm_url=t.get("dcgm_url", str, None), prometheus_url=t.get("prometheus_url", str, None),
+        sidecar_url=t.get("sidecar_url", str, None),
+    )
+    for meter, url in (("dcgm", card.dcgm_url), ("prometheus", card.prometheus_url)):
+        if meter in meters and not url:
+            raise t.err(f"{meter}_url", f"is required when meters includes '{meter}'")
+    t.done()
+    return card
+
+
+def _flags(file: Path, name: str, t: _Table) -> FlagSet:
+    args = t.list_of("args", str, ())
+    for i, arg in enumerate(args):
+        check_template(file, f"{t.path}.args[{i}]", arg)
+    flags = FlagSet(name=name, role=t.choice("role", ROLES, "other"), args=args, env=t.str_map("env"),
+                    description=t.get("description", str, ""))
+    t.done()
+    return flags
+
+
+def _fixture(file: Path, name: str, t: _Table, base: Path) -> Fixture:
+    refs = t.list_of("references", str, ())
+    fixture = Fixture(name=name, prompt=t.get("prompt", str),
+                      references=tuple((base / Path(r).expanduser()) for r in refs))
+    t.done()
+    return fixture
+
+
+def _axes(file: Path, t: _Table, cards: Mapping, flags: Mapping, fixtures: Mapping) -> Axes:
+    def names(key: str, known: Mapping) -> tuple[str, ...]:
+        chosen = t.list_of(key, str, tuple(known))
+        for n in chosen:
+            if n not in known:
+                raise t.err(key, f"names unknown {key[:-1] if key != 'flags' else 'flag set'} {_show(n)} "
+                                 f"(known: {', '.join(known) or 'none'})")
+        return chosen
+
+    axes = Axes(cards=names("cards", cards), flags=names("flags", flags),
+                references=tuple(sorted(set(t.list_of("references", int, [1])))),
+                fixtures=names("fixtures", fixtures),
+                exclude=tuple(t.get("exclude", list, [], what="a list of tables")))
+    for n in axes.references:
+        if n < 0:
+            raise t.err("references", f"must be >= 0, got {n}")
+    for i, ex in enumerate(axes.exclude):
+        et = _Table(file, f"{t.path}.exclude[{i}]", ex)
+        card, fl = et.get("card", str, None), et.get("flags", str, None)
+        if card is not None and card not in cards:
+            raise et.err("card", f"names unknown card {_show(card)}")
+        if fl is not None and fl not in flags:
+            raise et.err("flags", f"names unknown flag set {_show(fl)}")
+        et.done()
+    t.done()
+    if not (axes.cards and axes.flags and axes.fixtures):
+        empty = "cards" if not axes.cards else "flags" if not axes.flags else "fixtures"
+        raise UserError(f"{file}: the matrix is empty: no {empty} (add a [{empty}.NAME] table)")
+    for fx in axes.fixtures:
+        if len(fixtures[fx].references) < max(axes.references):
+            raise UserError(f"{file}: key 'fixtures.{fx}.references' holds {len(fixtures[fx].references)} "
+                            f"image(s) but the matrix asks for {max(axes.references)}")
+    return axes
+
+
+def _baseline(file: Path, t: _Table, base: Path, cards: Mapping, flags: Mapping) -> Baseline | None:
+    if not t.data:
+        return None
+    directory = t.get("dir", str, None)
+    cell = t.get("cell", str, None)
+    if (directory is None) == (cell is None):
+        raise UserError(f"{file}: [baseline] needs exactly one of 'dir' or 'cell'")
+    parsed_cell = None
+    if cell is not None:
+        card, _, fl = cell.partition("/")
+        if card not in cards or fl not in flags:
+            raise t.err("cell", f"must be 'CARD/FLAGS' naming a card and flag set, got {_show(cell)}")
+        parsed_cell = (card, fl)
+    t.done()
+    return Baseline(directory=None if directory is None else base / Path(directory).expanduser(),
+                    cell=parsed_cell)
+
+
+def _verdict(t: _Table, axes: Axes) -> VerdictRules:
+    rules = VerdictRules(
+        target_references=t.get("target_references", int, max(axes.references)),
+        max_latency_ratio=float(t.positive("max_latency_ratio", (int, float), 2.5)),
+        min_psnr_db=float(t.get("min_psnr_db", (int, float), 20.0)),
+        offload_roles=t.list_of("offload_roles", str, ("offload",)),
+        max_transparent_share=float(t.get("max_transparent_share", (int, float), 0.5)),
+        min_pixel_std=float(t.get("min_pixel_std", (int, float), 2.0)),
+    )
+    for role in rules.offload_roles:
+        if role not in ROLES:
+            raise t.err("offload_roles", f"names unknown role {_show(role)} (known: {', '.join(ROLES)})")
+    t.done()
+    return rules
+
+
+def _named_tables(file: Path, root: _Table, key: str) -> dict[str, _Table]:
+    section = root.get(key, dict, {})
+    tables = {}
+    for name in section:
+        _name_ok(file, key, name)
+        tables[name] = _Table(file, f"{key}.{name}", section[name])
+    return tables
+
+
+def load_matrix(path: str | Path, *, check_files: bool = True) -> Matrix:
+    file = Path(path)
+    try:
+        raw = file.read_bytes()
+    except OSError as exc:
+        raise UserError(f"{file}: cannot read matrix: {exc.strerror}") from None
+    text = raw.decode("utf-8", errors="replace")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{file}: TOML syntax error: {exc}") from None
+    base = file.resolve().parent
+    root = _Table(file, "", data)
+
+    run = _run(file, root.sub("run"), base)
+    servers = {n: _server(file, n, t) for n, t in _named_tables(file, root, "servers").items()}
+    cards = {n: _card(file, n, t, servers) for n, t in _named_tables(file, root, "cards").items()}
+    flags = {n: _flags(file, n, t) for n, t in _named_tables(file, root, "flags").items()}
+    fixtures = {n: _fixture(file, n, t, base) for n, t in _named_tables(file, root, "fixtures").items()}
+    axes = _axes(file, root.sub("matrix"), cards, flags, fixtures)
+    baseline = _baseline(file, root.sub("baseline"), base, cards, flags)
+    verdict = _verdict(root.sub("verdict"), axes)
+    root.done()
+
+    needed = [p for fx in axes.fixtures for p in fixtures[fx].references[: max(axes.references)]]
+    if baseline and baseline.directory is not None:
+        needed.append(baseline.directory / "samples.json")
+    missing = tuple(p for p in needed if not p.is_file())
+    if check_files and missing:
+        kind = "baseline file" if missing[0].name == "samples.json" else "reference image"
+        raise UserError(f"{file}: {kind} not found: {missing[0]}")
+    return Matrix(path=file, sha256=hashlib.sha256(raw).hexdigest(), text=text, run=run, servers=servers,
+                  cards=cards, flags=flags, fixtures=fixtures, baseline=baseline, axes=axes, verdict=verdict,
+                  missing_files=missing)

@@ -1,0 +1,178 @@
+"""The values that cross module lines: what a step and a session produced, as frozen dataclasses.
+
+They are written as JSON (docs/result.schema.json describes the files) and read back for the verdict and
+the report, so each has to_json/from_json and nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Status(StrEnum):
+    OK = "ok"  # an image came back (its scores say whether it is usable)
+    FAILED = "failed"  # attempted and failed: a failure class with evidence
+    SKIPPED = "skipped"  # not attempted: the reason says why
+
+
+class FailureClass(StrEnum):
+    OOM_AT_LOAD = "oom_at_load"  # server died or stalled at load with an out-of-memory text
+    LOAD_EXIT = "load_exit"  # server exited before it was ready, no OOM text
+    READY_TIMEOUT = "ready_timeout"  # never became ready within the deadline
+    OOM = "oom"  # a request failed and the OOM text appeared in its body or in the log of its window
+    CRASH = "crash"  # the server died during the request
+    TIMEOUT = "timeout"  # no response within the request deadline
+    HTTP_ERROR = "http_error"  # an error status without OOM evidence
+    BAD_RESPONSE = "bad_response"  # 200 but no decodable image (malformed JSON, no image, bad PNG)
+    CONNECTION = "connection"  # could not talk to a live server
+
+
+@dataclass(frozen=True)
+class Failure:
+    kind: FailureClass
+    message: str
+    evidence: tuple[str, ...] = ()  # log lines or body excerpts that decided the class
+    http_status: int | None = None
+    exit_code: int | None = None
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Failure:
+        return cls(FailureClass(d["kind"]), d["message"], tuple(d.get("evidence", ())), d.get("http_status"),
+                   d.get("exit_code"))
+
+
+@dataclass(frozen=True)
+class Peak:
+    """One peak figure with its provenance; `available` false means unknown, never zero."""
+
+    source: str
+    metric: str  # "device" (VRAM) or "host" (host RAM of the server)
+    bytes: int | None
+    samples: int
+    rate_hz: float | None
+    available: bool
+    reason: str | None = None
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Peak:
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class Sanity:
+    width: int
+    height: int
+    mode: str
+    transparent_share: float  # share of pixels with alpha == 0 (0 for images without alpha)
+    pixel_std: float  # std of RGB values over the image (flat/grey images are near 0)
+    nan_or_black: bool
+    broken: bool
+    reasons: tuple[str, ...] = ()
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Sanity:
+        return cls(**{**d, "reasons": tuple(d.get("reasons", ()))})
+
+
+@dataclass(frozen=True)
+class Scores:
+    baseline: str | None  # the baseline image scored against (path or step key)
+    psnr_db: float | None
+    ssim: float | None
+    size_match: bool | None
+    reason: str | None  # why psnr/ssim are missing, when they are
+    sanity: Sanity
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Scores:
+        return cls(**{**d, "sanity": Sanity.from_json(d["sanity"])})
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    key: str
+    card: str
+    flags: str
+    role: str
+    fixture: str
+    references: int
+    seed: int
+    status: Status
+    attempt: int = 0  # which server start of the session served it (0 = first)
+    started_at: float | None = None  # epoch seconds at send
+    wall_s: float | None = None
+    failure: Failure | None = None
+    skip_reason: str | None = None
+    lost: bool = False  # in flight when the server died
+    image: str | None = None  # PNG file name beside the record
+    image_sha256: str | None = None
+    server_peak_mb: float | None = None  # a `peak_memory_mb` the server reported in its response
+    peaks: tuple[Peak, ...] = ()
+    scores: Scores | None = None
+    deterministic: bool | None = None  # first step of a session: the same request twice, identical?
+    request: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> StepRecord:
+        return cls(**{
+            **d,
+            "status": Status(d["status"]),
+            "failure": Failure.from_json(d["failure"]) if d.get("failure") else None,
+            "peaks": tuple(Peak.from_json(p) for p in d.get("peaks", ())),
+            "scores": Scores.from_json(d["scores"]) if d.get("scores") else None,
+        })
+
+    def peak(self, metric: str = "device") -> Peak | None:
+        """The best available peak for a metric: the first available one in meter order."""
+        return next((p for p in self.peaks if p.metric == metric and p.available), None)
+
+
+@dataclass(frozen=True)
+class ServerStart:
+    attempt: int
+    started_at: float
+    ready_s: float | None  # seconds from start to ready; None if it never was
+    failure: Failure | None
+    stopped_at: float | None = None
+    load_peaks: tuple[Peak, ...] = ()
+    info: dict[str, Any] = field(default_factory=dict)  # pid or container id, image digest, command
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ServerStart:
+        return cls(**{**d, "failure": Failure.from_json(d["failure"]) if d.get("failure") else None,
+                      "load_peaks": tuple(Peak.from_json(p) for p in d.get("load_peaks", ()))})
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    key: str
+    card: str
+    flags: str
+    role: str
+    backend: str
+    starts: tuple[ServerStart, ...]
+    session_peaks: tuple[Peak, ...] = ()
+    meters: tuple[dict[str, Any], ...] = ()  # provenance per meter: source, available, reason, samples, hz
+    idle_baseline: dict[str, Any] = field(default_factory=dict)
+    log: str | None = None
+    notes: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SessionRecord:
+        return cls(**{**d, "starts": tuple(ServerStart.from_json(s) for s in d["starts"]),
+                      "session_peaks": tuple(Peak.from_json(p) for p in d.get("session_peaks", ())),
+                      "meters": tuple(d.get("meters", ())), "notes": tuple(d.get("notes", ()))})
+
+    @property
+    def start_failure(self) -> Failure | None:
+        """The failure of a session that never served: its last start failed before ready."""
+        last = self.starts[-1] if self.starts else None
+        return last.failure if last and last.ready_s is None else None

@@ -1,0 +1,71 @@
+"""Image quality: PSNR/SSIM against a baseline and structural sanity (the seed's fp8 collapse was ~97%
+transparent RGBA and grey RGB at 7-9 dB: an image that decodes is not yet an image that is right)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+from PIL import Image
+from skimage.metrics import structural_similarity
+
+from runner.records import Sanity, Scores
+
+PSNR_CAP_DB = 100.0
+
+
+def decode(png: bytes) -> Image.Image:
+    image = Image.open(io.BytesIO(png))
+    image.load()
+    return image
+
+
+def sanity(image: Image.Image, *, max_transparent_share: float = 0.5, min_pixel_std: float = 2.0) -> Sanity:
+    alpha_share = 0.0
+    if "A" in image.getbands():
+        alpha = np.asarray(image.getchannel("A"))
+        alpha_share = float(np.mean(alpha == 0))
+    rgb = np.asarray(image.convert("RGB"), dtype=np.float32)
+    std = float(rgb.std())
+    nan_or_black = bool(not np.isfinite(rgb).all() or rgb.max() <= 1.0)
+    reasons = []
+    if alpha_share > max_transparent_share:
+        reasons.append(f"{alpha_share:.0%} of pixels fully transparent")
+    if nan_or_black:
+        reasons.append("image is black (or NaN)")
+    elif std < min_pixel_std:
+        reasons.append(f"image is flat (pixel std {std:.2f} < {min_pixel_std:g})")
+    return Sanity(width=image.width, height=image.height, mode=image.mode, transparent_share=alpha_share,
+                  pixel_std=std, nan_or_black=nan_or_black, broken=bool(reasons), reasons=tuple(reasons))
+
+
+def _rgb(image: Image.Image) -> np.ndarray:
+    # Composite onto black so a transparent image scores as what a viewer would see, not its hidden RGB.
+    if "A" in image.getbands():
+        rgba = np.asarray(image.convert("RGBA"), dtype=np.float64)
+        return rgba[..., :3] * (rgba[..., 3:4] / 255.0)
+    return np.asarray(image.convert("RGB"), dtype=np.float64)
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(np.mean((a - b) ** 2))
+    return float("inf") if mse == 0 else 10.0 * np.log10(255.0**2 / mse)
+
+
+def score(image: Image.Image, baseline: Image.Image | None, baseline_name: str | None, *,
+          max_transparent_share: float = 0.5, min_pixel_std: float = 2.0) -> Scores:
+    checks = sanity(image, max_transparent_share=max_transparent_share, min_pixel_std=min_pixel_std)
+    if baseline is None:
+        return Scores(baseline_name, None, None, None, "no baseline image for this fixture and seed", checks)
+    if baseline.size != image.size:
+        # Compared only after an explicit resize would hide a wrong-size bug: report the mismatch instead.
+        return Scores(baseline_name, None, None, False,
+                      f"size mismatch: image {image.width}x{image.height}, baseline "
+                      f"{baseline.width}x{baseline.height}", checks)
+    a, b = _rgb(image), _rgb(baseline)
+    value = psnr(a, b)
+    ssim = float(structural_similarity(a, b, channel_axis=2, data_range=255.0))
+    identical = value == float("inf")
+    # JSON has no infinity: identical images are capped at PSNR_CAP_DB and say so.
+    return Scores(baseline_name, PSNR_CAP_DB if identical else round(value, 3), round(ssim, 5), True,
+                  "identical to the baseline" if identical else None, checks)

@@ -1,0 +1,98 @@
+"""The run directory: every record is written atomically the moment it exists, so a kill loses nothing
+already measured. A step's path is its resume key.
+
+results/<run-id>/run.json, verdict.json, report.md, plots/
+results/<run-id>/<card>/<flags>/session.json, server.log, memory.csv
+results/<run-id>/<card>/<flags>/refs-<n>/<fixture>-seed-<s>.json (+ .png)
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from runner.meters.base import Series
+from runner.records import SessionRecord, StepRecord
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, doc: Any) -> None:
+    atomic_write(path, (json.dumps(doc, indent=2, sort_keys=False) + "\n").encode())
+
+
+class RunStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def step_path(self, key: str) -> Path:
+        return self.root / f"{key}.json"
+
+    def session_dir(self, session_key: str) -> Path:
+        return self.root / session_key
+
+    def write_run(self, doc: dict[str, Any]) -> None:
+        write_json(self.root / "run.json", doc)
+
+    def write_step(self, record: StepRecord, png: bytes | None = None) -> None:
+        if png is not None:
+            atomic_write(self.root / f"{record.key}.png", png)
+        write_json(self.step_path(record.key), record.to_json())
+
+    def write_session(self, record: SessionRecord) -> None:
+        write_json(self.session_dir(record.key) / "session.json", record.to_json())
+
+    def write_memory(self, session_key: str, series: Iterable[Series], attempt: int) -> None:
+        """memory.csv: one row per sample (t, attempt, source, metric, bytes), all server starts appended."""
+        path = self.session_dir(session_key) / "memory.csv"
+        old = path.read_text() if path.exists() else "t,attempt,source,metric,bytes\n"
+        out = io.StringIO()
+        out.write(old)
+        writer = csv.writer(out)
+        for s in series:
+            for t, v in zip(s.t, s.value, strict=True):
+                writer.writerow((f"{t:.4f}", attempt, s.source, s.metric, v))
+        atomic_write(path, out.getvalue().encode())
+
+    def load_steps(self) -> list[StepRecord]:
+        records = []
+        for path in sorted(self.root.glob("*/*/refs-*/*.json")):
+            records.append(StepRecord.from_json(json.loads(path.read_text())))
+        return records
+
+    def load_sessions(self) -> list[SessionRecord]:
+        return [SessionRecord.from_json(json.loads(p.read_text()))
+                for p in sorted(self.root.glob("*/*/session.json"))]
+
+    def load_run(self) -> dict[str, Any]:
+        return json.loads((self.root / "run.json").read_text())
+
+    def read_png(self, key: str) -> bytes | None:
+        path = self.root / f"{key}.png"
+        return path.read_bytes() if path.exists() else None
+
+
+def load_memory(path: Path) -> list[tuple[float, int, str, str, int]]:
+    if not path.exists():
+        return []
+    with path.open() as f:
+        return [(float(r["t"]), int(r["attempt"]), r["source"], r["metric"], int(r["bytes"]))
+                for r in csv.DictReader(f)]
