@@ -47,7 +47,7 @@ def _run_doc(matrix, plan, run_id: str, started: float) -> dict:
         "cards": {name: {"vram_gib": c.vram_gib, "backend": c.backend, "docker_host": c.docker_host,
                          "gpu": c.gpu, "server": c.server, "image": matrix.servers[c.server].image,
                          "meters": list(c.meters)} for name, c in matrix.cards.items()},
-        "plan": {"lanes": len(plan.lanes), "sessions": len(plan.sessions), "steps": len(plan.steps)},
+        "plan": {"lanes": len(plan.lanes), "steps": len(plan.steps), "sessions": [s.key for s in plan.sessions]},
     }
 
 

@@ -203,7 +203,8 @@ class SessionRunner:
         failure = classify_request(http_status=status, body=content[:4000].decode("utf-8", "replace"),
                                    log_window=log_window, timed_out=timed_out, server_exit=exit_code,
                                    parse_problem=problem)
-        peaks = tuple(m.window_peak(t0, t1) for m in meters)
+        peaks = _with_response_peak([m.window_peak(t0, t1) for m in meters],
+                                    parsed.server_peak_mb if parsed else None)
         request = {"dialect": self.profile.dialect, "path": call.path, "steps": self.run.steps,
                    "size": list(self.run.size) if self.run.size else None, "seed": step.seed,
                    "references": [hashlib.sha256(r[1]).hexdigest()[:16] for r in
@@ -321,6 +322,16 @@ class SessionRunner:
                                log="server.log", notes=tuple(notes))
         self.ctx.store.write_session(record)
         return record
+
+
+def _with_response_peak(peaks: list[Peak], peak_mb: float | None) -> tuple[Peak, ...]:
+    """A `peak_memory_mb` in the response is the server's own exact peak for this request: it goes right
+    before the polled server meter (which can miss a transient between polls), or last if none is listed."""
+    if peak_mb is None:
+        return tuple(peaks)
+    reported = Peak("server-response", "device", int(peak_mb * 2**20), 1, None, True)
+    at = next((i for i, p in enumerate(peaks) if p.source == "server"), len(peaks))
+    return (*peaks[:at], reported, *peaks[at:])
 
 
 def _max_by_source(peaks: list[Peak]) -> tuple[Peak, ...]:

@@ -321,9 +321,12 @@ def _card(file: Path, name: str, t: _Table, servers: Mapping[str, ServerProfile]
     for m in meters:
         if m not in METERS:
             raise t.err("meters", f"names unknown meter {_show(m)} (known: {', '.join(METERS)})")
+    gib, mib = t.positive("vram_gib", (int, float), None), t.positive("vram_mib", (int, float), None)
+    if (gib is None) == (mib is None):
+        raise t.err("vram_gib", "is required (or vram_mib), exactly one of the two")
     card = Card(
         name=name, server=server, backend=backend, docker_host=docker_host,
-        gpu=None if gpu is None else str(gpu), vram_gib=float(t.positive("vram_gib", (int, float))),
+        gpu=None if gpu is None else str(gpu), vram_gib=float(gib if gib is not None else mib / 1024),
         meters=meters, publish_host=t.get("publish_host", str, "127.0.0.1"), env=t.str_map("env"),
         dcgm_url=t.get("dcgm_url", str, None), prometheus_url=t.get("prometheus_url", str, None),
         sidecar_url=t.get("sidecar_url", str, None),

@@ -33,7 +33,7 @@ def step_line(r: StepRecord) -> str:
 
 class ProgressView(Events):
     def __init__(self, console: Console | None = None, enabled: bool = True) -> None:
-        self.console = console or Console(stderr=True)
+        self.console = console or Console(stderr=True, soft_wrap=True)
         self.progress = Progress(TextColumn("[bold]{task.fields[card]}[/] {task.fields[session]}"),
                                  BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                                  TextColumn("{task.fields[memory]}"), console=self.console,

@@ -18,6 +18,7 @@ from typing import Any
 
 from runner.matrix import VerdictRules
 from runner.records import SessionRecord, Status, StepRecord
+from runner.units import fmt_bytes
 
 
 class World(StrEnum):
@@ -109,22 +110,39 @@ def summarise(steps: list[StepRecord], rules: VerdictRules) -> list[Cell]:
     return cells
 
 
-def inert_flag_sets(steps: list[StepRecord]) -> list[tuple[str, str, int]]:
-    """Pairs of flag sets whose images were byte-identical on every step they share (and ≥ 1 step)."""
-    by_flags: dict[str, dict[tuple[str, int, int], str]] = {}
+@dataclass(frozen=True)
+class IdenticalPair:
+    """Two flag sets whose images were byte-identical on every step they share."""
+
+    a: str
+    b: str
+    steps: int
+    same_memory: bool  # peaks within 1% on every shared step too: the difference reached nothing measured
+
+    def note(self) -> str:
+        head = f"flag sets '{self.a}' and '{self.b}' gave byte-identical images on all {self.steps} shared step(s)"
+        if self.same_memory:
+            return head + " with the same memory peaks: their difference never reached the output (inert flag?)"
+        return head + ", with different memory peaks: their difference never reached the output, only memory"
+
+
+def identical_pairs(steps: list[StepRecord]) -> list[IdenticalPair]:
+    by_flags: dict[str, dict[tuple[str, int, int], StepRecord]] = {}
     for s in steps:
         if s.status == Status.OK and s.image_sha256:
-            by_flags.setdefault(s.flags, {})[(s.fixture, s.references, s.seed)] = s.image_sha256
+            by_flags.setdefault(s.flags, {})[(s.fixture, s.references, s.seed)] = s
     pairs = []
     for a, b in itertools.combinations(sorted(by_flags), 2):
         shared = by_flags[a].keys() & by_flags[b].keys()
-        if shared and all(by_flags[a][k] == by_flags[b][k] for k in shared):
-            pairs.append((a, b, len(shared)))
+        if shared and all(by_flags[a][k].image_sha256 == by_flags[b][k].image_sha256 for k in shared):
+            pairs.append(IdenticalPair(a, b, len(shared), all(_close(_device_peak(by_flags[a][k])[0],
+                                                                      _device_peak(by_flags[b][k])[0])
+                                                               for k in shared)))
     return pairs
 
 
-def _gib(value: int | None) -> str:
-    return "?" if value is None else f"{value / 2**30:.2f} GiB"
+def _close(x: int | None, y: int | None) -> bool:
+    return x is not None and y is not None and abs(x - y) <= 0.01 * max(x, y)
 
 
 def decide(card: str, steps: list[StepRecord], sessions: list[SessionRecord], rules: VerdictRules,
@@ -133,8 +151,7 @@ def decide(card: str, steps: list[StepRecord], sessions: list[SessionRecord], ru
     cells = summarise(steps, rules)
     at = {c.flags: c for c in cells if c.references == target}
     roles = {s.flags: s.role for s in sessions} | {s.flags: s.role for s in steps}
-    notes = [f"flag sets '{a}' and '{b}' gave byte-identical images on all {n} shared step(s): "
-             f"their difference never reached the output" for a, b, n in inert_flag_sets(steps)]
+    notes = [pair.note() for pair in identical_pairs(steps)]
 
     def ceiling(flags: str) -> int | None:
         served = [c.references for c in cells if c.flags == flags and c.served]
@@ -158,7 +175,7 @@ def decide(card: str, steps: list[StepRecord], sessions: list[SessionRecord], ru
         if cell and cell.served:
             return Verdict(card, World.FITS_RESIDENT, target, flags,
                            f"default flag set '{flags}' serves {target} reference(s): peak "
-                           f"{_gib(cell.peak_bytes)} ({cell.peak_source}), {cell.wall_s} s/request, "
+                           f"{fmt_bytes(cell.peak_bytes)} ({cell.peak_source}), {cell.wall_s} s/request, "
                            f"PSNR {cell.psnr_db} dB",
                            _evidence(cell, None, None), tuple(cells), tuple(notes))
 
@@ -177,14 +194,14 @@ def decide(card: str, steps: list[StepRecord], sessions: list[SessionRecord], ru
                             f"(vs {reference[1]})")
             continue
         default_cell = next((at[f] for f in defaults if f in at), None)
-        vs = (f"default peak {_gib(default_cell.peak_bytes)}" if default_cell and default_cell.served
+        vs = (f"default peak {fmt_bytes(default_cell.peak_bytes)}" if default_cell and default_cell.served
               else "default does not serve it: " + "; ".join(failure_story(f) for f in defaults)
               if defaults else "no default flag set in the matrix")
         latency = (f"latency ratio {ratio} vs {reference[1]}" if ratio is not None
                    else "latency ratio unknown (no reference latency: default served nothing, no baseline wall time)")
         return Verdict(card, World.OFFLOAD_WORKS, target, flags,
-                       f"offload flag set '{flags}' serves {target} reference(s): peak {_gib(cell.peak_bytes)} "
-                       f"({cell.peak_source}), host peak {_gib(cell.host_peak_bytes)}, {cell.wall_s} s/request, "
+                       f"offload flag set '{flags}' serves {target} reference(s): peak {fmt_bytes(cell.peak_bytes)} "
+                       f"({cell.peak_source}), host peak {fmt_bytes(cell.host_peak_bytes)}, {cell.wall_s} s/request, "
                        f"{latency}, PSNR {cell.psnr_db} dB; {vs}",
                        _evidence(cell, ratio, reference), tuple(cells), tuple(notes))
 

@@ -1,7 +1,8 @@
 """Memory meters: each samples one source into a Series and answers window peaks with provenance.
 
 A source that cannot be read is *unavailable with a reason*, never a zero (a silent 0 once hid a real
-regression in vLLM-Omni's perf CI).
+regression in vLLM-Omni's perf CI). A source that stops answering mid-session keeps the peaks it had, and
+every window that overlaps the outage says so.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from array import array
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +25,7 @@ class SourceUnavailable(Exception):
 @dataclass(frozen=True)
 class Series:
     source: str
-    metric: str  # "device" or "host"
+    metric: str  # "device" or "host" (extra series: e.g. "device_reserved")
     t: tuple[float, ...]  # epoch seconds
     value: tuple[int, ...]  # bytes
 
@@ -51,6 +53,10 @@ class Meter(ABC):
         """The newest reading, for live display; None when there is none."""
         return None
 
+    def extra_series(self) -> tuple[Series, ...]:
+        """Secondary series of the same source (NVML's driver-reserved bytes), for memory.csv and plots."""
+        return ()
+
 
 def peak_of(series: Series, t0: float, t1: float, *, reason_if_empty: str) -> Peak:
     """The maximum of the samples taken in [t0, t1], with how many there were and at what rate."""
@@ -61,52 +67,103 @@ def peak_of(series: Series, t0: float, t1: float, *, reason_if_empty: str) -> Pe
     return Peak(series.source, series.metric, max(values), len(values), round(len(values) / span, 2), True)
 
 
+def compact(t: array, v: array) -> tuple[tuple[float, ...], tuple[int, ...]]:
+    """Drop samples that repeat both neighbours' value: lossless for a step signal such as device memory,
+    and it turns a 1 kHz series of mostly flat memory into a few thousand rows for memory.csv."""
+    n = len(v)
+    if n <= 2:
+        return tuple(t), tuple(v)
+    keep_t, keep_v = [t[0]], [v[0]]
+    for i in range(1, n - 1):
+        if v[i] != v[i - 1] or v[i] != v[i + 1]:
+            keep_t.append(t[i])
+            keep_v.append(v[i])
+    keep_t.append(t[n - 1])
+    keep_v.append(v[n - 1])
+    return tuple(keep_t), tuple(keep_v)
+
+
 class PolledMeter(Meter):
-    """Calls read() every 1/hz seconds in a daemon thread; keeps (t, bytes) in compact arrays."""
+    """Calls read() every 1/hz seconds in a daemon thread; keeps (t, bytes) in compact arrays.
+
+    Subclasses with more than one figure per reading name them in `extra_metrics` and override
+    read_many(); the first figure is the meter's metric. Outages (read failing after it had worked, or
+    before it ever did) are kept as intervals so a window that overlaps one is reported as partial.
+    """
+
+    extra_metrics: tuple[str, ...] = ()
+    compact_series = False  # True for fast step-like sources: series() drops repeated samples
 
     def __init__(self, source: str, metric: str, hz: float) -> None:
         self.source, self.metric, self.hz = source, metric, hz
         self._t: array[float] = array("d")
         self._v: array[int] = array("q")
+        self._x: tuple[array[int], ...] = tuple(array("q") for _ in self.extra_metrics)
         self._errors = 0
         self._last_error: str | None = None
+        self._outages: list[list[float]] = []  # [start, end] (end = start while it lasts)
+        self._in_outage = False
+        self._max_gap = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started_at: float | None = None
+        self._stopped_at: float | None = None
         self._lock = threading.Lock()
 
     @abstractmethod
     def read(self) -> int:
         """Bytes now; raise SourceUnavailable(reason) when there is no reading."""
 
+    def read_many(self) -> tuple[int, ...]:
+        """The metric's figure followed by one per extra metric."""
+        return (self.read(),)
+
     def start(self) -> None:
         self._started_at = time.time()
         self._thread = threading.Thread(target=self._loop, name=f"meter-{self.source}", daemon=True)
         self._thread.start()
+
+    def _failed(self, reason: str, now: float) -> None:
+        self._errors += 1
+        self._last_error = reason
+        with self._lock:
+            if self._in_outage:
+                self._outages[-1][1] = now
+            else:
+                self._outages.append([now, now])
+                self._in_outage = True
 
     def _loop(self) -> None:
         period = 1.0 / self.hz
         next_t = time.monotonic()
         while not self._stop.is_set():
             try:
-                value = self.read()
+                values = self.read_many()
             except SourceUnavailable as exc:
-                self._errors += 1
-                self._last_error = str(exc)
+                self._failed(str(exc), time.time())
             except Exception as exc:  # a meter must never take the run down
-                self._errors += 1
-                self._last_error = f"{type(exc).__name__}: {exc}"
+                self._failed(f"{type(exc).__name__}: {exc}", time.time())
             else:
+                now = time.time()
                 with self._lock:
-                    self._t.append(time.time())
-                    self._v.append(int(value))
+                    if self._t:
+                        self._max_gap = max(self._max_gap, now - self._t[-1])
+                    self._t.append(now)
+                    self._v.append(int(values[0]))
+                    for column, value in zip(self._x, values[1:], strict=True):
+                        column.append(int(value))
+                    self._in_outage = False
             next_t += period
-            self._stop.wait(max(0.0, next_t - time.monotonic()))
+            delay = next_t - time.monotonic()
+            if delay < -period:  # fell behind (GIL, slow source): do not burst to catch up
+                next_t = time.monotonic()
+            self._stop.wait(max(0.0, delay))
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=5)
+        self._stopped_at = self._stopped_at or time.time()
 
     def latest(self) -> int | None:
         with self._lock:
@@ -114,19 +171,51 @@ class PolledMeter(Meter):
 
     def series(self) -> Series:
         with self._lock:
+            if self.compact_series:
+                t, v = compact(self._t, self._v)
+                return Series(self.source, self.metric, t, v)
             return Series(self.source, self.metric, tuple(self._t), tuple(self._v))
 
+    def extra_series(self) -> tuple[Series, ...]:
+        with self._lock:
+            out = []
+            for name, column in zip(self.extra_metrics, self._x, strict=True):
+                t, v = compact(self._t, column) if self.compact_series else (tuple(self._t), tuple(column))
+                out.append(Series(self.source, name, t, v))
+            return tuple(out)
+
+    def _outage_in(self, t0: float, t1: float) -> float:
+        """Seconds of [t0, t1] during which the source did not answer."""
+        with self._lock:
+            return sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in self._outages)
+
     def window_peak(self, t0: float, t1: float) -> Peak:
-        reason = f"no samples in window ({self._last_error or 'source silent'})"
-        return peak_of(self.series(), t0, t1, reason_if_empty=reason)
+        with self._lock:
+            lo, hi = bisect_left(self._t, t0), bisect_right(self._t, t1)
+            values = self._v[lo:hi]
+        outage = self._outage_in(t0, t1)
+        if not values:
+            return Peak(self.source, self.metric, None, 0, None, False,
+                        f"no samples in window ({self._last_error or 'source silent'})")
+        span = max(t1 - t0, 1e-9)
+        reason = None
+        if outage > 0:
+            reason = f"partial: source unavailable for {outage:.2f} s of {span:.2f} s ({self._last_error})"
+        return Peak(self.source, self.metric, max(values), len(values), round(len(values) / span, 2), True,
+                    reason)
 
     def provenance(self) -> dict[str, Any]:
-        s = self.series()
-        span = (time.time() - self._started_at) if self._started_at else 0.0
-        return {"source": self.source, "metric": self.metric, "available": bool(s.t),
-                "reason": None if s.t else (self._last_error or "no samples"), "samples": len(s.t),
+        with self._lock:
+            n = len(self._t)
+            outages = [(round(a, 3), round(b, 3)) for a, b in self._outages]
+            max_gap = self._max_gap
+        end = self._stopped_at or time.time()
+        span = (end - self._started_at) if self._started_at else 0.0
+        return {"source": self.source, "metric": self.metric, "available": n > 0,
+                "reason": None if n else (self._last_error or "no samples"), "samples": n,
                 "errors": self._errors, "last_error": self._last_error, "target_hz": self.hz,
-                "achieved_hz": round(len(s.t) / span, 2) if span > 0 else None}
+                "achieved_hz": round(n / span, 2) if span > 0 else None,
+                "max_gap_s": round(max_gap, 4) if n > 1 else None, "outages": outages}
 
 
 class UnavailableMeter(Meter):

@@ -1,0 +1,133 @@
+"""Prometheus as a meter: a window's peak is asked of Prometheus instead of sampled locally.
+
+peak = max_over_time(DCGM_FI_DEV_FB_USED{UUID="…"}[R]) at time = t1 + settle, R = t1 + settle − t0, and
+samples = count_over_time of the same. `settle` waits for the scrape that holds the window's last moments
+(a diffusion request often peaks at VAE decode, just before the response), so the window reaches up to
+`settle` seconds past t1. The resolution is the slower of dcgm-exporter's collection interval and the
+scrape interval; the sample count says which it was.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import httpx
+
+from runner.meters.base import Meter, Series
+from runner.records import Peak
+
+MIB = 1 << 20
+METRIC = "DCGM_FI_DEV_FB_USED"
+
+
+def selector(gpu: str | None) -> str:
+    """Label matchers for card.gpu: a GPU- UUID, an index, or either with `:GPU_I_ID` (MIG)."""
+    spec, _, mig = (gpu or "").partition(":")
+    parts = []
+    if spec.startswith("GPU-"):
+        parts.append(f'UUID="{spec}"')
+    elif spec:
+        parts.append(f'gpu="{spec}"')
+    if mig:
+        parts.append(f'GPU_I_ID="{mig}"')
+    return "{" + ",".join(parts) + "}"
+
+
+class QueryError(Exception):
+    pass
+
+
+class PrometheusMeter(Meter):
+    source = "prometheus"
+    metric = "device"
+
+    def __init__(self, url: str, gpu: str | None, settle_s: float = 1.5, timeout_s: float = 5.0,
+                 metric_name: str = METRIC) -> None:
+        self.url = url.rstrip("/")
+        self.gpu = gpu
+        self.settle_s = settle_s
+        self.expr = f"{metric_name}{selector(gpu)}"
+        self.client = httpx.Client(timeout=timeout_s)
+        self._t_start: float | None = None
+        self._t_stop: float | None = None
+        self._queries = self._errors = 0
+        self._last_error: str | None = None
+        self._labels: dict[str, str] | None = None
+        self._series: Series | None = None
+
+    def _query(self, query: str, at: float) -> list[dict[str, Any]]:
+        self._queries += 1
+        try:
+            response = self.client.get(f"{self.url}/api/v1/query", params={"query": query, "time": f"{at:.3f}"})
+            body = response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise QueryError(f"GET {self.url}/api/v1/query: {type(exc).__name__}: {exc}") from None
+        if response.status_code != 200 or body.get("status") != "success":
+            raise QueryError(f"{query}: HTTP {response.status_code} {body.get('error', '')}".strip())
+        return body["data"]["result"]
+
+    def _one(self, result: list[dict[str, Any]], query: str) -> dict[str, Any]:
+        if not result:
+            raise QueryError(f"no samples for {query} (is dcgm-exporter scraped, and is the GPU label right?)")
+        if len(result) > 1:
+            raise QueryError(f"{self.expr} matches {len(result)} series; name the GPU by UUID (and a MIG "
+                             f"instance as '<UUID>:<GPU_I_ID>')")
+        self._labels = result[0].get("metric", {})
+        return result[0]
+
+    def start(self) -> None:
+        self._t_start = time.time()
+
+    def stop(self) -> None:
+        self._t_stop = time.time()
+
+    def window_peak(self, t0: float, t1: float) -> Peak:
+        at = t1 + self.settle_s
+        wait = at - time.time()
+        if wait > 0:
+            time.sleep(wait)  # the scrape that holds the window's end has to exist first
+        rng = f"{max(1, math.ceil((at - t0) * 1000))}ms"
+        peak_q, count_q = f"max_over_time({self.expr}[{rng}])", f"count_over_time({self.expr}[{rng}])"
+        try:
+            peak = self._one(self._query(peak_q, at), peak_q)
+            count = self._one(self._query(count_q, at), count_q)
+        except QueryError as exc:
+            self._errors += 1
+            self._last_error = str(exc)
+            return Peak(self.source, self.metric, None, 0, None, False, str(exc))
+        samples = int(float(count["value"][1]))
+        value = round(float(peak["value"][1]) * MIB)
+        return Peak(self.source, self.metric, value, samples, round(samples / max(at - t0, 1e-9), 2), True)
+
+    def series(self) -> Series:
+        """The raw scraped samples of the session (a range-vector selector returns them with their
+        timestamps, unlike query_range's step grid)."""
+        if self._series is not None:
+            return self._series
+        empty = Series(self.source, self.metric, (), ())
+        if self._t_start is None:
+            return empty
+        end = (self._t_stop or time.time()) + self.settle_s
+        query = f"{self.expr}[{max(1, math.ceil((end - self._t_start) * 1000))}ms]"
+        try:
+            result = self._one(self._query(query, end), query)
+        except QueryError as exc:
+            self._errors += 1
+            self._last_error = str(exc)
+            return empty
+        pts = [(float(t), round(float(v) * MIB)) for t, v in result.get("values", [])]
+        s = Series(self.source, self.metric, tuple(p[0] for p in pts), tuple(p[1] for p in pts))
+        if self._t_stop is not None:
+            self._series = s
+        return s
+
+    def provenance(self) -> dict[str, Any]:
+        s = self._series
+        return {"source": self.source, "metric": self.metric, "url": self.url, "expr": self.expr,
+                "available": self._labels is not None, "reason": None if self._labels else
+                (self._last_error or "not queried yet"), "samples": len(s.t) if s else None,
+                "settle_s": self.settle_s, "queries": self._queries, "errors": self._errors,
+                "last_error": self._last_error, "series_labels": self._labels,
+                "window": "[t0, t1 + settle_s]"}

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The real components the integration tests drive: Docker Engine (started here), Prometheus and sshd
+# binaries (the tests start their own instances on 127.0.0.1), debootstrap for the offline base image.
+# Debian packages only; needs root.
+set -euo pipefail
+need=()
+command -v dockerd >/dev/null || need+=(docker.io)
+command -v prometheus >/dev/null || need+=(prometheus)
+[ -x /usr/sbin/sshd ] || need+=(openssh-server)
+command -v debootstrap >/dev/null || need+=(debootstrap)
+if [ ${#need[@]} -gt 0 ]; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+if ! docker info >/dev/null 2>&1; then
+  nohup dockerd >/var/log/runner-dockerd.log 2>&1 &
+  for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+fi
+docker info --format 'docker engine {{.ServerVersion}} up' || { tail -20 /var/log/runner-dockerd.log; exit 1; }

@@ -1,0 +1,109 @@
+"""matrix.toml validation: every bad input is one line naming file, key and value; exit code 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runner.errors import UserError
+from runner.matrix import load_matrix
+from runner.plan import describe, make_plan
+
+
+def edit(d: Path, old: str, new: str) -> Path:
+    path = d / "matrix.toml"
+    text = path.read_text()
+    assert old in text, old
+    path.write_text(text.replace(old, new, 1))
+    return path
+
+
+def test_minimal_matrix_loads_with_defaults(matrix_dir: Path) -> None:
+    m = load_matrix(matrix_dir / "matrix.toml")
+    assert m.run.seeds == (1, 2) and m.run.size == (64, 64) and m.run.steps == 4
+    assert m.axes.cards == ("small",) and m.axes.flags == ("default", "host-cache")
+    assert m.fixtures["pair"].references[0] == (matrix_dir / "refs" / "a.png").resolve()
+    assert m.cards["small"].meters == ("server", "host")
+    assert m.verdict.target_references == 2
+    assert len(m.sha256) == 64
+
+
+@pytest.mark.parametrize(("old", "new", "expected"), [
+    ('steps = 4', 'steps = "4"', "key 'run.steps' must be an integer, got '4'"),
+    ('steps = 4', 'steps = true', "key 'run.steps' must be an integer, got True"),
+    ('steps = 4', 'stepz = 4', "unknown key 'run.stepz'"),
+    ('size = "64x64"', 'size = "64by64"', "key 'run.size' must look like '1024x1024'"),
+    ('server = "ref"', 'server = "nope"', "key 'cards.small.server' names unknown server profile 'nope'"),
+    ('vram_gib = 0.5', 'vram_gib = -1', "key 'cards.small.vram_gib' must be > 0, got -1"),
+    ('role = "offload"', 'role = "turbo"', "key 'flags.host-cache.role' must be one of"),
+    ('references = [1, 2]', 'references = [1, 2]\ncards = ["big"]', "key 'matrix.cards' names unknown card 'big'"),
+    ('references = [1, 2]', 'references = [1, 2]\nflags = ["x"]', "key 'matrix.flags' names unknown flag set 'x'"),
+    ('references = [1, 2]', 'references = [1, 2, 3]', "key 'fixtures.pair.references' holds 2 image(s)"),
+    ('"--port", "{port}"', '"--port", "{prot}"', "uses unknown placeholder {prot}"),
+    ('[run]', '[run\n', "TOML syntax error"),
+    ('"refs/b.png"', '"refs/missing.png"', "reference image not found"),
+])
+def test_bad_input_is_one_clear_line(matrix_dir: Path, old: str, new: str, expected: str) -> None:
+    path = edit(matrix_dir, old, new)
+    with pytest.raises(UserError) as info:
+        load_matrix(path)
+    message = str(info.value)
+    assert expected in message
+    assert str(path) in message
+    assert "\n" not in message
+
+
+def test_empty_matrix_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "m.toml").write_text('[run]\nname = "x"\n')
+    with pytest.raises(UserError, match="the matrix is empty: no cards"):
+        load_matrix(tmp_path / "m.toml")
+
+
+def test_missing_baseline_file(matrix_dir: Path) -> None:
+    path = edit(matrix_dir, "[matrix]", '[baseline]\ndir = "sealed"\n\n[matrix]')
+    with pytest.raises(UserError, match="baseline file not found: .*sealed/samples.json"):
+        load_matrix(path)
+
+
+def test_cli_bad_input_exit_2_no_traceback(matrix_dir: Path) -> None:
+    path = edit(matrix_dir, 'steps = 4', 'steps = "many"')
+    proc = subprocess.run([sys.executable, "-m", "runner", str(path)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "run.steps" in lines[0] and "'many'" in lines[0]
+
+
+def test_cli_missing_matrix_file(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "runner", str(tmp_path / "none.toml")], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and "cannot read matrix" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_plan_orders_steps_and_puts_baseline_cell_first(matrix_dir: Path) -> None:
+    path = edit(matrix_dir, "[matrix]", '[baseline]\ncell = "small/host-cache"\n\n[matrix]')
+    m = load_matrix(path)
+    plan = make_plan(m)
+    assert [s.flags for s in plan.sessions] == ["host-cache", "default"]
+    steps = plan.sessions[0].steps
+    assert [(s.references, s.seed) for s in steps] == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert steps[0].key == "small/host-cache/refs-1/pair-seed-1"
+    text = describe(plan, m)
+    assert "2 server start(s), 8 request(s)" in text and "--cond-cache host" in text
+
+
+def test_exclude_removes_sessions(matrix_dir: Path) -> None:
+    path = edit(matrix_dir, "references = [1, 2]", 'references = [1, 2]\nexclude = [{card = "small", flags = "default"}]')
+    plan = make_plan(load_matrix(path))
+    assert [s.flags for s in plan.sessions] == ["host-cache"]
+
+
+def test_shipped_matrices_are_valid() -> None:
+    root = Path(__file__).resolve().parents[2]
+    for path in [root / "matrix.toml", *sorted((root / "examples").glob("*.toml"))]:
+        m = load_matrix(path, check_files=False)
+        assert make_plan(m).steps, path
