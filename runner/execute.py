@@ -26,7 +26,7 @@ from runner import backends, baseline, dialects, scoring
 from runner.backends.base import RunningServer, ServerSpec, StartFailed
 from runner.failures import classify_request
 from runner.matrix import Card, FlagSet, Matrix
-from runner.meters import Meter, build_meters
+from runner.meters import Meter, build_meters, idle_baseline
 from runner.plan import Plan, Session, Step
 from runner.records import Failure, FailureClass, Peak, ServerStart, SessionRecord, Status, StepRecord
 from runner.store import RunStore
@@ -240,7 +240,18 @@ class SessionRunner:
         oom_at: int | None = None
         attempt = 0
         first_step = True
+        idle: dict = {}
         while pending and not self.ctx.stop.is_set():
+            # Whole-device meters include every process on the GPU: take the baseline before our server
+            # exists. A foreign holder stops the session under require_idle_gpu; nothing is ever killed.
+            baseline = idle_baseline(self.card)
+            idle = idle or baseline.to_json()
+            if (why := baseline.stop_reason(self.run.require_idle_gpu)) is not None:
+                notes.append(why)
+                for step in pending:
+                    self._skip(step, why)
+                pending = []
+                break
             spec = server_spec(self.ctx, self.card, self.flags, attempt)
             server = backends.create(self.card.backend, spec)
             meters = build_meters(self.card, server, self.run.sample_hz)
@@ -296,8 +307,9 @@ class SessionRunner:
                                           ready_s=None if ready_s is None else round(ready_s, 3),
                                           failure=failure, stopped_at=t_end, load_peaks=load_peaks,
                                           info={**server.info(), "log": spec.log_path.name}))
-                self.ctx.store.write_memory(self.session.key, (m.series() for m in meters), attempt)
-                self._write(starts, session_peaks, provenance, notes)
+                self.ctx.store.write_memory(self.session.key,
+                                            (x for m in meters for x in (m.series(), *m.extra_series())), attempt)
+                self._write(starts, session_peaks, provenance, notes, idle)
             if failure is not None:
                 for step in pending:
                     self._skip(step, f"server did not start: {failure.kind}")
@@ -312,14 +324,14 @@ class SessionRunner:
                 attempt += 1
         for step in pending:  # interrupted
             self._skip(step, "run interrupted")
-        return self._write(starts, session_peaks, provenance, notes)
+        return self._write(starts, session_peaks, provenance, notes, idle)
 
     def _write(self, starts: list[ServerStart], peaks: list[Peak], provenance: list[dict],
-               notes: list[str]) -> SessionRecord:
+               notes: list[str], idle: dict) -> SessionRecord:
         record = SessionRecord(key=self.session.key, card=self.card.name, flags=self.flags.name,
                                role=self.flags.role, backend=self.card.backend, starts=tuple(starts),
                                session_peaks=_max_by_source(peaks), meters=tuple(provenance),
-                               log="server.log", notes=tuple(notes))
+                               idle_baseline=idle, log="server.log", notes=tuple(notes))
         self.ctx.store.write_session(record)
         return record
 

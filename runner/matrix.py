@@ -331,7 +331,8 @@ def _card(file: Path, name: str, t: _Table, servers: Mapping[str, ServerProfile]
         dcgm_url=t.get("dcgm_url", str, None), prometheus_url=t.get("prometheus_url", str, None),
         sidecar_url=t.get("sidecar_url", str, None),
     )
-    for meter, url in (("dcgm", card.dcgm_url), ("prometheus", card.prometheus_url)):
+    for meter, url in (("dcgm", card.dcgm_url), ("prometheus", card.prometheus_url),
+                       ("sidecar", card.sidecar_url)):
         if meter in meters and not url:
             raise t.err(f"{meter}_url", f"is required when meters includes '{meter}'")
     t.done()

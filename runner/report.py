@@ -10,6 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from runner.meters.reconcile import reconcile, render
 from runner.records import SessionRecord, Status, StepRecord
 from runner.store import RunStore, load_memory, write_json
 from runner.units import GIB, fmt_bytes, unit_for
@@ -152,6 +153,10 @@ def write_report(store: RunStore, verdicts: list[Verdict]) -> Path:
             role = next((c.role for c in v.cells if c.flags == f), "?")
             lines.append(f"| {f} | {role} | " + " | ".join(_cell_text(by.get((f, n))) for n in refs) + " |")
         lines += ["", *_session_rows(card_sessions, card_steps), ""]
+        for s in card_sessions:  # the sources side by side, where a session had more than one
+            if len([p for p in s.session_peaks if p.metric == "device"]) > 1:
+                lines += [f"Device-memory peaks of session {s.flags} by source:", "",
+                          render(reconcile(s.session_peaks)), ""]
         cap = plot_capacity(v.card, v.cells, order, capacity, plots / f"{v.card}-capacity.png")
         if cap:
             lines += [f"![{v.card} capacity](plots/{cap.name})", ""]

@@ -173,6 +173,9 @@ class DockerServer(RunningServer):
         self.container = self.client.containers.run(
             image.id, command=list(spec.argv), environment=dict(spec.env), labels=dict(spec.labels),
             name=spec.name, detach=True, auto_remove=False, mounts=bind_mounts(spec),
+            # An init as PID 1 forwards stop's SIGTERM (a shell or `sleep` as PID 1 ignores it) and reaps
+            # the server's worker processes.
+            init=True,
             ports={f"{spec.container_port}/tcp": (spec.publish_host, None)},
             device_requests=gpu_request(spec.gpu), shm_size=spec.shm_size, ipc_mode=spec.ipc_mode,
         )

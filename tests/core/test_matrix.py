@@ -64,7 +64,7 @@ def test_empty_matrix_is_an_error(tmp_path: Path) -> None:
 
 def test_missing_baseline_file(matrix_dir: Path) -> None:
     path = edit(matrix_dir, "[matrix]", '[baseline]\ndir = "sealed"\n\n[matrix]')
-    with pytest.raises(UserError, match="baseline file not found: .*sealed/samples.json"):
+    with pytest.raises(UserError, match=r"baseline file not found: .*sealed/samples\.json"):
         load_matrix(path)
 
 
@@ -97,7 +97,8 @@ def test_plan_orders_steps_and_puts_baseline_cell_first(matrix_dir: Path) -> Non
 
 
 def test_exclude_removes_sessions(matrix_dir: Path) -> None:
-    path = edit(matrix_dir, "references = [1, 2]", 'references = [1, 2]\nexclude = [{card = "small", flags = "default"}]')
+    path = edit(matrix_dir, "references = [1, 2]",
+                'references = [1, 2]\nexclude = [{card = "small", flags = "default"}]')
     plan = make_plan(load_matrix(path))
     assert [s.flags for s in plan.sessions] == ["host-cache"]
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from runner.matrix import VerdictRules
-from runner.records import (Failure, FailureClass, Peak, Sanity, Scores, ServerStart, SessionRecord, Status,
-                            StepRecord)
+from runner.records import Failure, FailureClass, Peak, Sanity, Scores, ServerStart, SessionRecord, Status, StepRecord
 from runner.verdict import World, decide, identical_pairs
 
 RULES = VerdictRules(target_references=2, max_latency_ratio=2.5, min_psnr_db=20, offload_roles=("offload",),

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Build the reference-server image with no registry: an offline-made Debian base (debootstrap + docker
+# import) and a wheelhouse made on this host. Each stage is skipped when its result already exists, so a
+# second run costs a hash and one `docker image inspect`.
+#
+#   docker/refserver/build.sh            # build what is missing
+#   FORCE=1 docker/refserver/build.sh    # rebuild the refserver image (the base is still reused)
+#
+# Env: BASE_IMAGE (runner-base:bookworm), IMAGE (runner-refserver:dev), MIRROR (from apt sources),
+#      PYTHON (the host interpreter that makes the wheelhouse; must be CPython 3.11 like bookworm's),
+#      DOCKER_HOST (the engine to build on).
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+BASE_IMAGE="${BASE_IMAGE:-runner-base:bookworm}"
+IMAGE="${IMAGE:-runner-refserver:dev}"
+PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
+[ -x "$PYTHON" ] || PYTHON=python3
+WHEELS="$HERE/wheelhouse"
+# The legacy builder needs no buildx plugin and never looks for a registry.
+export DOCKER_BUILDKIT=0
+
+log() { printf '[build.sh %s] %s\n' "$(date +%T)" "$*" >&2; }
+
+# The Debian mirror apt already uses (deb822 .sources first, then one-line lists).
+mirror() {
+  if [ -n "${MIRROR:-}" ]; then echo "$MIRROR"; return; fi
+  local uri
+  uri="$(grep -hs '^URIs:' /etc/apt/sources.list.d/*.sources | grep -v -- '-security' | head -1 | awk '{print $2}')"
+  [ -n "$uri" ] || uri="$(grep -hs '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list \
+                          | grep -v -- '-security' | head -1 | awk '{print $2}')"
+  echo "${uri:-http://deb.debian.org/debian}"
+}
+
+build_base() {
+  if docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+    log "base $BASE_IMAGE exists, reused"; return
+  fi
+  command -v debootstrap >/dev/null || { log "debootstrap missing: apt-get install -y debootstrap"; exit 1; }
+  local dir t0
+  dir="$(mktemp -d /tmp/runner-base.XXXXXX)"
+  t0=$(date +%s)
+  log "debootstrap bookworm from $(mirror) into $dir"
+  debootstrap --variant=minbase --include=python3,python3-venv,python3-pip,ca-certificates \
+    bookworm "$dir" "$(mirror)" >"$dir.log" 2>&1 || { tail -20 "$dir.log" >&2; rm -rf "$dir"; exit 1; }
+  rm -rf "$dir"/var/cache/apt/archives/*.deb "$dir"/var/lib/apt/lists/*
+  tar -C "$dir" -c . | docker import -c 'CMD ["/bin/bash"]' -c 'ENV LANG=C.UTF-8' - "$BASE_IMAGE" >/dev/null
+  rm -rf "$dir" "$dir.log"
+  log "base $BASE_IMAGE built in $(( $(date +%s) - t0 )) s"
+}
+
+# Content hash of what the image runs (the refserver package, packaging, this recipe): a rebuild happens
+# only when one of these changed. Other runner modules ride along in the wheel but never run in the image.
+source_hash() {
+  (cd "$ROOT" && find runner/refserver runner/__init__.py -name '*.py' | LC_ALL=C sort | xargs sha256sum
+   sha256sum pyproject.toml "$HERE/Dockerfile" "$HERE/build.sh") | sha256sum | cut -c1-16
+}
+
+# Third-party wheels: the refserver extra plus those core dependencies that runner.refserver imports (found
+# from its import statements); the project's other dependencies (ansible, matplotlib, ...) stay out.
+make_wheelhouse() {
+  mkdir -p "$WHEELS/deps" "$WHEELS/project"
+  "$PYTHON" - "$ROOT" >"$WHEELS/deps/requirements.txt" <<'PY'
+import ast, importlib.metadata as md, pathlib, re, sys, tomllib
+root = pathlib.Path(sys.argv[1])
+project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+name = lambda req: re.split(r"[<>=!~ ;\[]", req)[0].lower().replace("_", "-")
+core = {name(d): d.split("#")[0].strip() for d in project["dependencies"]}
+modules = set()
+for f in (root / "runner" / "refserver").rglob("*.py"):
+    for node in ast.walk(ast.parse(f.read_text())):
+        if isinstance(node, ast.Import):
+            modules |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            modules.add(node.module.split(".")[0])
+dists = {name(d) for m in modules for d in md.packages_distributions().get(m, [])}
+reqs = [d.split("#")[0].strip() for d in project["optional-dependencies"]["refserver"]]
+reqs += sorted(core[d] for d in dists if d in core)
+# The CPU build on local disk; never let the resolver reach for a CUDA build.
+reqs = ["torch==2.13.0" if name(r) == "torch" else r for r in reqs]
+print("\n".join(reqs))
+PY
+  log "wheelhouse: $(tr '\n' ' ' <"$WHEELS/deps/requirements.txt")"
+  "$PYTHON" -m pip download --quiet --only-binary=:all: -d "$WHEELS/deps" -r "$WHEELS/deps/requirements.txt" \
+    2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+  rm -f "$WHEELS"/project/*.whl
+  "$PYTHON" -m pip wheel --quiet --no-deps --no-build-isolation -w "$WHEELS/project" "$ROOT"
+  rm -rf "$ROOT/build"
+}
+
+build_image() {
+  local hash current t0
+  hash="$(source_hash)"
+  current="$(docker image inspect -f '{{ index .Config.Labels "runner.source-hash" }}' "$IMAGE" 2>/dev/null || true)"
+  if [ "$current" = "$hash" ] && [ -z "${FORCE:-}" ]; then
+    log "$IMAGE is up to date (source $hash), reused"; return
+  fi
+  t0=$(date +%s)
+  make_wheelhouse
+  # Build untagged, smoke-check, then tag: a broken build never becomes "up to date".
+  local id
+  id="$(docker build -q --build-arg "BASE=$BASE_IMAGE" --label "runner.source-hash=$hash" "$HERE")"
+  # Smoke check: the entry point starts with only what is inside the image, and no network.
+  docker run --rm --network none "$id" python -c 'import importlib, pkgutil, runner.refserver as p
+for m in pkgutil.iter_modules(p.__path__, "runner.refserver."):
+    m.name.endswith("__main__") or importlib.import_module(m.name)' 
+  docker tag "$id" "$IMAGE"
+  log "$IMAGE built in $(( $(date +%s) - t0 )) s (source $hash)"
+}
+
+case "${1:-all}" in
+  base) build_base ;;
+  all) build_base; build_image ;;
+  *) echo "usage: $0 [base|all]" >&2; exit 2 ;;
+esac

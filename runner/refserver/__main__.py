@@ -1,0 +1,3 @@
+from runner.refserver.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,196 @@
+"""The FastAPI app: endpoints, one-at-a-time execution, fault injection and error shapes."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import numpy as np
+import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from PIL import Image
+
+from runner.refserver import protocol
+from runner.refserver.config import ServerConfig
+from runner.refserver.engine import Engine, GenerationRequest, GenerationResult, png_bytes
+from runner.refserver.memory import is_oom
+from runner.refserver.metrics import Metrics
+from runner.refserver.protocol import BadRequest, error_body
+
+log = logging.getLogger("refserver")
+
+# What vLLM-Omni's client saw on a mid-request CUDA OOM: a 500 whose message hides the cause; the OOM
+# text is only in the server log.
+GENERATION_FAILED = "Internal server error: generation failed"
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    body: Any  # a JSON-able object, or str for a raw (possibly malformed) body
+
+    def response(self) -> Response:
+        if isinstance(self.body, str):
+            return Response(self.body, status_code=self.status, media_type="application/json")
+        return JSONResponse(self.body, status_code=self.status)
+
+
+def _flush_logs() -> None:
+    for h in logging.getLogger().handlers:
+        h.flush()
+    sys.stderr.flush()
+
+
+class Service:
+    """Executes generation requests strictly one at a time and applies the fault plan."""
+
+    def __init__(self, engine: Engine, config: ServerConfig, metrics: Metrics) -> None:
+        self.engine, self.config, self.metrics = engine, config, metrics
+        self.lock = threading.Lock()
+        self.counter = itertools.count(1)
+        self.stopping = threading.Event()  # releases hung requests at shutdown
+
+    def execute(self, n: int, endpoint: str, raw: bytes, rid: str) -> Reply:
+        t0 = time.perf_counter()
+        faults = self.config.faults.for_request(n)
+        try:
+            body = json.loads(raw)
+            parse = protocol.parse_chat if endpoint == "chat" else protocol.parse_images
+            req = parse(body, self.config.preset)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return self._bad(n, rid, endpoint, t0, f"invalid JSON body: {exc}", None)
+        except BadRequest as exc:
+            return self._bad(n, rid, endpoint, t0, exc.message, exc.param)
+        with self.lock:
+            queue_s = time.perf_counter() - t0
+            log.info("request %d id=%s start endpoint=%s refs=%d size=%dx%d steps=%d seed=%d true_cfg=%.2f "
+                     "outputs=%d cond_cache=%s queue_s=%.3f faults=%s", n, rid, endpoint, len(req.references),
+                     req.width, req.height, req.steps, req.seed, req.true_cfg_scale, req.num_outputs,
+                     self.config.cond_cache, queue_s, ",".join(sorted(faults)) or "-")
+            _flush_logs()
+            try:
+                result = self.engine.generate(req, self._step_hook(n, faults))
+            except Exception as exc:
+                oom = is_oom(exc)
+                if oom:  # the full allocator text goes to the log only, as upstream
+                    log.error("request %d id=%s generation failed: %s", n, rid, exc)
+                else:
+                    log.exception("request %d id=%s generation failed", n, rid)
+                del exc
+                reply = Reply(500, error_body(GENERATION_FAILED, "InternalServerError", 500))
+            else:
+                reply = self._ok(n, endpoint, req, result, rid, faults)
+            finally:
+                gc.collect()
+                if self.engine.device.type == "cuda":
+                    torch.cuda.empty_cache()
+            peak_mb = self.engine.mem.peak() / 2**20
+            log.info("request %d id=%s done status=%d queue_s=%.3f run_s=%.3f total_s=%.3f peak_mb=%.2f",
+                     n, rid, reply.status, queue_s, time.perf_counter() - t0 - queue_s,
+                     time.perf_counter() - t0, peak_mb)
+            _flush_logs()
+            return reply
+
+    def _bad(self, n: int, rid: str, endpoint: str, t0: float, message: str, param: str | None) -> Reply:
+        log.info("request %d id=%s endpoint=%s status=400 total_s=%.3f error=%s", n, rid, endpoint,
+                 time.perf_counter() - t0, message)
+        return Reply(400, error_body(message, "BadRequestError", 400, param))
+
+    def _step_hook(self, n: int, faults: frozenset[str]) -> Callable[[int, int], None] | None:
+        if "exit" in faults:
+            def hook(output: int, step: int) -> None:
+                log.error("fault exit@%d: exiting with code 1 in the middle of the request", n)
+                _flush_logs()
+                os._exit(1)
+            return hook
+        if "hang" in faults:
+            def hook(output: int, step: int) -> None:
+                log.warning("fault hang@%d: this request will never return", n)
+                _flush_logs()
+                self.stopping.wait()
+                raise RuntimeError("server shutting down during a hung request")
+            return hook
+        return None
+
+    def _ok(self, n: int, endpoint: str, req: GenerationRequest, result: GenerationResult, rid: str,
+            faults: frozenset[str]) -> Reply:
+        images = [apply_image_faults(im, req, faults, n) for im in result.images]
+        pngs = None if "no-image" in faults else [png_bytes(im) for im in images]
+        peak_mb = result.peak_bytes / 2**20
+        if endpoint == "chat":
+            body = protocol.chat_response(self.config.model_name, pngs, result.text_tokens, peak_mb, rid)
+        else:
+            body = protocol.images_response(pngs, peak_mb)
+        if "malformed-json" in faults:
+            text = json.dumps(body)
+            return Reply(200, text[: max(1, len(text) // 2)])
+        return Reply(200, body)
+
+
+def apply_image_faults(img: Image.Image, req: GenerationRequest, faults: frozenset[str], n: int
+                       ) -> Image.Image:
+    w, h = img.size
+    if "grey" in faults:
+        img = Image.new("RGB", (w, h), (128, 128, 128))
+    if "transparent" in faults:  # the seed's fp8 collapse: ~97% of pixels fully transparent
+        alpha = np.where(np.random.default_rng(req.seed).random((h, w)) < 0.97, 0, 255).astype(np.uint8)
+        img = img.convert("RGBA")
+        img.putalpha(Image.fromarray(alpha, mode="L"))
+    if "wrong-size" in faults:
+        img = img.resize((max(8, w // 2), max(8, h // 2)), Image.Resampling.BILINEAR)
+    return img
+
+
+def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
+    metrics = Metrics(engine)
+    service = Service(engine, config, metrics)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        service.stopping.set()
+
+    app = FastAPI(title="refserver", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.service = service
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics_endpoint() -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    async def generate(request: Request, endpoint: str) -> Response:
+        n = next(service.counter)
+        rid = protocol.new_request_id()
+        t0 = time.perf_counter()
+        raw = await request.body()
+        # parsing and compute run in a worker thread so /health and /metrics stay responsive
+        reply = await anyio.to_thread.run_sync(service.execute, n, endpoint, raw, rid)
+        metrics.observe(reply.status, time.perf_counter() - t0)
+        return reply.response()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await generate(request, "chat")
+
+    @app.post("/v1/images/generations")
+    async def images(request: Request) -> Response:
+        return await generate(request, "images")
+
+    return app

@@ -1,0 +1,105 @@
+"""Options of the reference server: model presets and the frozen server configuration."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from runner.refserver.faults import FaultPlan
+
+CACHE_MODES = ("device", "host", "off")
+DTYPES = ("float32", "bfloat16", "float16")
+QUANTIZATIONS = ("none", "int8")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Shape of the diffusion transformer and the image geometry it serves."""
+
+    name: str
+    dim: int
+    layers: int
+    heads: int
+    ref_tokens: int  # tokens per reference image (a square grid)
+    mlp_ratio: int = 4
+    vocab: int = 4096
+    max_text_tokens: int = 64
+    default_side: int = 128  # default output is about default_side² pixels
+    max_pixels: int = 512 * 512
+    max_side: int = 2048
+    max_refs: int = 16
+    latent_channels: int = 4
+    vae_factor: int = 8  # pixels per latent cell, as in an SD-style VAE
+    patch: int = 2  # latent cells per token side
+    ref_patch_px: int = 16  # pixels per reference-token side after resizing
+
+    @property
+    def ref_grid(self) -> int:
+        return math.isqrt(self.ref_tokens)
+
+    @property
+    def px_per_token(self) -> int:
+        return self.vae_factor * self.patch
+
+    def validate(self) -> None:
+        if self.ref_grid**2 != self.ref_tokens or self.ref_tokens < 1:
+            raise ValueError(f"--ref-tokens must be a perfect square (got {self.ref_tokens})")
+        if self.dim % self.heads or (self.dim // self.heads) % 2:
+            raise ValueError(f"--dim {self.dim} must be a multiple of 2 x heads ({self.heads})")
+        if self.layers < 1:
+            raise ValueError(f"--layers must be >= 1 (got {self.layers})")
+
+
+# GPU preset arithmetic (bf16, 2 bytes/element) is written out in docs/refserver.md.
+PRESETS: dict[str, Preset] = {
+    # CPU: 20 steps at 128x128 with one reference in well under a second on one core.
+    "tiny": Preset(name="tiny", dim=96, layers=4, heads=4, ref_tokens=64),
+    # CPU, roughly 10x the compute of tiny.
+    "small": Preset(name="small", dim=192, layers=6, heads=6, ref_tokens=256, default_side=256,
+                    max_pixels=768 * 768),
+    # H200 capped at 24 GiB (an RTX 3090 stand-in): Qwen-Image-like token counts (a 1024² reference or
+    # output is 4096 tokens); weights 14.7 GiB, device cond cache 1.56 GiB per reference per CFG pass,
+    # so with CFG on, 2 references fit and 3 do not (cond-cache device); host/off fit 4.
+    "h200-24g": Preset(name="h200-24g", dim=2560, layers=40, heads=20, ref_tokens=4096, vocab=8192,
+                       max_text_tokens=256, default_side=1024, max_pixels=2048 * 2048),
+    # H200 capped at 16 GiB (an RTX 5080 stand-in): weights 11.9 GiB, 1.41 GiB per reference per CFG pass:
+    # with CFG on, 1 reference fits and 2 do not (cond-cache device).
+    "h200-16g": Preset(name="h200-16g", dim=2304, layers=40, heads=18, ref_tokens=4096, vocab=8192,
+                       max_text_tokens=256, default_side=1024, max_pixels=2048 * 2048),
+}
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    preset: Preset
+    device: str = "cpu"
+    dtype: str = "float32"
+    quantization: str = "none"
+    cpu_offload: bool = False
+    cond_cache: str = "device"
+    vram_gib: float | None = None
+    threads: int | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model_name: str = "refserver"
+    seed_weights: int = 0
+    log_level: str = "info"
+    faults: FaultPlan = field(default_factory=FaultPlan)
+
+    @property
+    def vram_bytes(self) -> int | None:
+        return None if self.vram_gib is None else int(self.vram_gib * 2**30)
+
+
+def resolve_preset(name: str, dim: int | None, layers: int | None, ref_tokens: int | None,
+                   heads: int | None = None) -> Preset:
+    """The named preset with command-line overrides applied and checked."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
+    preset = PRESETS[name]
+    overrides = {k: v for k, v in (("dim", dim), ("layers", layers), ("ref_tokens", ref_tokens),
+                                   ("heads", heads)) if v is not None}
+    if overrides:
+        preset = replace(preset, **overrides)
+    preset.validate()
+    return preset

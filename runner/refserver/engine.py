@@ -1,0 +1,414 @@
+"""The engine: loads the model under a memory budget and runs the flow-matching sampler with a
+per-request conditioning K/V cache held on the device, in host memory, or not at all."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor, nn
+
+from runner.refserver.config import ServerConfig
+from runner.refserver.memory import DeviceMemory, format_size, make_device_memory
+from runner.refserver.model import (
+    RefServerDiT,
+    init_unit,
+    module_bytes,
+    quantize_linears,
+    reference_patches,
+    tokenize,
+)
+
+log = logging.getLogger("refserver")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt: str
+    references: tuple[Image.Image, ...] = ()
+    width: int = 128
+    height: int = 128
+    steps: int = 50
+    seed: int = 0
+    true_cfg_scale: float = 4.0
+    negative_prompt: str = ""
+    num_outputs: int = 1
+    guidance_scale: float | None = None  # accepted and recorded; this model has no distilled guidance
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    images: tuple[Image.Image, ...]
+    peak_bytes: int
+    seconds: float
+    cond_tokens: int
+    text_tokens: int
+
+
+class Offloaded:
+    """A block whose weights live on the host and visit the device only while the block runs."""
+
+    def __init__(self, block: nn.Module, device: torch.device) -> None:
+        self.device = device
+        self.tensors = [*block.parameters(), *block.buffers()]
+        pin = device.type == "cuda"
+        self.host = [t.detach().to("cpu") for t in self.tensors]
+        if pin:
+            self.host = [h.pin_memory() for h in self.host]
+        for t, h in zip(self.tensors, self.host, strict=True):
+            t.data = h
+        self.nbytes = sum(h.numel() * h.element_size() for h in self.host)
+        self.pinned_bytes = self.nbytes if pin else 0
+
+    @contextmanager
+    def on_device(self, mem: DeviceMemory) -> Iterator[None]:
+        with mem.hold(self.nbytes, "offloaded block weights"):
+            if self.device.type == "cpu":  # nothing moves; the ledger counts only the running block
+                yield
+                return
+            for t, h in zip(self.tensors, self.host, strict=True):
+                t.data = h.to(self.device, non_blocking=True)
+            try:
+                yield
+            finally:
+                for t, h in zip(self.tensors, self.host, strict=True):
+                    t.data = h
+
+
+class CondSource:
+    """Conditioning K/V for one CFG pass, layer by layer, for the whole request."""
+
+    def __init__(self, engine: Engine, ids: Tensor, patches: list[Tensor]) -> None:
+        self.e, self.ids, self.patches = engine, ids, patches
+        self.tokens = ids.shape[0] + sum(p.shape[0] for p in patches)
+        self.pf = engine.model.cond_positions(ids.shape[0], len(patches), engine.device)
+        self.kv_bytes = engine.nb(2 * self.tokens * engine.p.dim)  # one layer's K and V
+
+    def embed(self) -> tuple[Tensor, int]:
+        """[text | ref 1 | ref 2 ...] tokens on the device, re-made from host inputs when needed."""
+        e = self.e
+        handle = e.mem.alloc(e.nb(self.tokens * e.p.dim), "cond hidden")
+        parts = [e.model.embed_text(self.ids.to(e.device))]
+        for slot, patch in enumerate(self.patches):
+            with e.mem.hold(patch.numel() * (1 + e.elem), "reference patches"):
+                parts.append(e.model.embed_ref(patch.to(e.device), slot, e.dtype))
+        return torch.cat(parts, dim=1), handle
+
+    def prefill(self) -> Iterator[tuple[int, Tensor, Tensor]]:
+        """Runs the conditioning stream once, yielding each layer's (K, V) on the device."""
+        e = self.e
+        c, c_handle = self.embed()
+        for layer, block in enumerate(e.model.blocks):
+            with e.resident(layer):
+                kv = e.mem.alloc(self.kv_bytes, "cond k/v")
+                c, k, v = block.cond_forward(c, self.pf, e.mem, e.nb, e.chunk)
+            yield kv, k, v
+        e.mem.free(c_handle)
+
+    def begin_step(self) -> None: ...
+    def layer(self, layer: int, block: nn.Module) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+    def end_layer(self, layer: int) -> None: ...
+    def end_step(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class DeviceCache(CondSource):
+    """All layers' conditioning K/V resident on the device for the whole request."""
+
+    def __init__(self, engine: Engine, ids: Tensor, patches: list[Tensor]) -> None:
+        super().__init__(engine, ids, patches)
+        self.kv: list[tuple[Tensor, Tensor]] = []
+        self.handles: list[int] = []
+        for handle, k, v in self.prefill():
+            self.kv.append((k, v))
+            self.handles.append(handle)
+        engine.cache_bytes["device"] += self.kv_bytes * len(self.kv)
+
+    def layer(self, layer: int, block: nn.Module) -> tuple[Tensor, Tensor]:
+        return self.kv[layer]
+
+    def close(self) -> None:
+        for h in self.handles:
+            self.e.mem.free(h)
+        self.kv.clear()
+
+
+class HostCache(CondSource):
+    """Conditioning K/V kept in host memory (pinned on CUDA); each layer is copied to the device as it
+    runs, the next layer's copy issued one layer ahead (double buffering)."""
+
+    def __init__(self, engine: Engine, ids: Tensor, patches: list[Tensor]) -> None:
+        super().__init__(engine, ids, patches)
+        cuda = engine.device.type == "cuda"
+        self.host: list[tuple[Tensor, Tensor]] = []
+        for handle, k, v in self.prefill():
+            if cuda:
+                hk = torch.empty(k.shape, dtype=k.dtype, pin_memory=True).copy_(k)
+                hv = torch.empty(v.shape, dtype=v.dtype, pin_memory=True).copy_(v)
+            else:
+                hk, hv = k.clone(), v.clone()
+            self.host.append((hk, hv))
+            del k, v
+            engine.mem.free(handle)
+        nbytes = self.kv_bytes * len(self.host)
+        engine.cache_bytes["host"] += nbytes
+        if cuda:
+            engine.host_pinned_bytes += nbytes
+        self.stream = torch.cuda.Stream(engine.device) if cuda else None
+        self.staged: dict[int, tuple[Tensor, Tensor, int, torch.cuda.Event | None]] = {}
+
+    def _fetch(self, layer: int) -> None:
+        if layer >= len(self.host) or layer in self.staged:
+            return
+        handle = self.e.mem.alloc(self.kv_bytes, "cond k/v staging")
+        hk, hv = self.host[layer]
+        if self.stream is None:
+            self.staged[layer] = (hk.clone(), hv.clone(), handle, None)
+            return
+        with torch.cuda.stream(self.stream):
+            k = hk.to(self.e.device, non_blocking=True)
+            v = hv.to(self.e.device, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        main = torch.cuda.current_stream(self.e.device)
+        k.record_stream(main)  # allocated on the copy stream, used on the main one
+        v.record_stream(main)
+        self.staged[layer] = (k, v, handle, event)
+
+    def layer(self, layer: int, block: nn.Module) -> tuple[Tensor, Tensor]:
+        self._fetch(layer)
+        self._fetch(layer + 1)  # prefetch while this layer computes
+        k, v, _, event = self.staged[layer]
+        if event is not None:
+            torch.cuda.current_stream(self.e.device).wait_event(event)
+        return k, v
+
+    def end_layer(self, layer: int) -> None:
+        _, _, handle, _ = self.staged.pop(layer)
+        self.e.mem.free(handle)
+
+    def close(self) -> None:
+        for layer in list(self.staged):
+            self.end_layer(layer)
+        self.host.clear()
+
+
+class NoCache(CondSource):
+    """Nothing kept: the conditioning tokens are re-embedded and run through every block at every step."""
+
+    def begin_step(self) -> None:
+        self.c, self.c_handle = self.embed()
+        self.kv_handle: int | None = None
+
+    def layer(self, layer: int, block: nn.Module) -> tuple[Tensor, Tensor]:
+        self.kv_handle = self.e.mem.alloc(self.kv_bytes, "cond k/v")
+        self.c, k, v = block.cond_forward(self.c, self.pf, self.e.mem, self.e.nb, self.e.chunk)
+        return k, v
+
+    def end_layer(self, layer: int) -> None:
+        if self.kv_handle is not None:
+            self.e.mem.free(self.kv_handle)
+            self.kv_handle = None
+
+    def end_step(self) -> None:
+        del self.c
+        self.e.mem.free(self.c_handle)
+
+
+CACHES: dict[str, type[CondSource]] = {"device": DeviceCache, "host": HostCache, "off": NoCache}
+
+
+class Engine:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.p = config.preset
+        self.device = torch.device(config.device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.dtype = DTYPES[config.dtype]
+        self.elem = torch.empty((), dtype=self.dtype).element_size()
+        self.mem = make_device_memory(self.device, config.vram_bytes)
+        self.cache_bytes = {"device": 0, "host": 0}
+        self.weights_pinned_bytes = 0
+        self.host_pinned_bytes = 0
+        self.offloaded: dict[int, Offloaded] = {}
+        self.chunk = 64
+        self.load_seconds = 0.0
+        self.model = self._load()
+
+    def nb(self, elements: int) -> int:
+        return elements * self.elem
+
+    @torch.no_grad()
+    def _load(self) -> RefServerDiT:
+        t0 = time.perf_counter()
+        cfg, p = self.config, self.p
+        with torch.device("meta"):
+            model = RefServerDiT(p)
+        self.params = sum(t.numel() for t in model.parameters())
+        units: list[tuple[str, nn.Module, int | None]] = [
+            (name, m, None) for name, m in model.named_children() if name != "blocks"
+        ] + [(f"blocks.{i}", b, i) for i, b in enumerate(model.blocks)]
+        self.weight_bytes = 0
+        self.device_weight_bytes = 0
+        for prefix, unit, index in units:
+            init_unit(unit, prefix, self.device, cfg.seed_weights, p.dim)
+            if not prefix.startswith("dec_"):  # the tiny decoder stays float32
+                unit.to(self.dtype)
+            if index is not None and cfg.quantization == "int8":
+                quantize_linears(unit)
+            nbytes = module_bytes(unit)
+            self.weight_bytes += nbytes
+            if index is not None and cfg.cpu_offload:
+                self.offloaded[index] = Offloaded(unit, self.device)
+                self.weights_pinned_bytes += self.offloaded[index].pinned_bytes
+            else:
+                self.mem.alloc(nbytes, f"weights of {prefix}")  # the CPU ledger raises OOM past the budget
+                self.device_weight_bytes += nbytes
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.device_weight_bytes = self.mem.current()
+        self.host_pinned_bytes = self.weights_pinned_bytes
+        model.eval()
+        self.load_seconds = time.perf_counter() - t0
+        return model
+
+    def cond_cache_bytes_per_reference(self) -> int:
+        """Device-mode cache bytes one reference adds, per CFG pass (K and V, every layer)."""
+        return self.nb(2 * self.p.layers * self.p.ref_tokens * self.p.dim)
+
+    def summary(self) -> str:
+        c = self.config
+        cap = "none" if c.vram_bytes is None else format_size(c.vram_bytes)
+        return (
+            f"refserver loaded: preset={self.p.name} device={self.device} dtype={c.dtype} "
+            f"quantization={c.quantization} cpu_offload={c.cpu_offload} cond_cache={c.cond_cache} "
+            f"dim={self.p.dim} layers={self.p.layers} heads={self.p.heads} ref_tokens={self.p.ref_tokens} "
+            f"params={self.params / 1e6:.2f}M weight_bytes={self.weight_bytes} "
+            f"({format_size(self.weight_bytes)}) device_weight_bytes={self.device_weight_bytes} "
+            f"cond_cache_bytes_per_reference={self.cond_cache_bytes_per_reference()} "
+            f"({format_size(self.cond_cache_bytes_per_reference())} per CFG pass) vram_cap={cap} "
+            f"threads={torch.get_num_threads()} load_s={self.load_seconds:.2f}"
+        )
+
+    def resident(self, layer: int) -> AbstractContextManager[None]:
+        off = self.offloaded.get(layer)
+        return off.on_device(self.mem) if off is not None else nullcontext()
+
+    # --- sampling -------------------------------------------------------------------------------
+    def generate(self, req: GenerationRequest, on_step: Callable[[int, int], None] | None = None
+                 ) -> GenerationResult:
+        t0 = time.perf_counter()
+        self.mem.reset_peak()
+        try:
+            with self.mem.scope(), torch.inference_mode():
+                images, cond_tokens, text_tokens = self._generate(req, on_step)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            return GenerationResult(tuple(images), self.mem.peak(), time.perf_counter() - t0,
+                                    cond_tokens, text_tokens)
+        finally:
+            self.cache_bytes = {"device": 0, "host": 0}
+            self.host_pinned_bytes = self.weights_pinned_bytes
+
+    def _generate(self, req: GenerationRequest, on_step: Callable[[int, int], None] | None
+                  ) -> tuple[list[Image.Image], int, int]:
+        p, dev = self.p, self.device
+        cfg = req.true_cfg_scale > 1.0
+        patches = [torch.from_numpy(reference_patches(im, p)) for im in req.references]
+        prompts = [req.prompt, req.negative_prompt] if cfg else [req.prompt]
+        ids = [torch.tensor(tokenize(t, p.vocab, p.max_text_tokens), dtype=torch.long) for t in prompts]
+        h, w = req.height // p.vae_factor, req.width // p.vae_factor
+        th, tw = h // p.patch, w // p.patch
+        self.chunk = max(1, th * tw)  # cond scratch never exceeds the latent stream's
+        timesteps = torch.linspace(1.0, 0.0, req.steps + 1).tolist()
+        gen = torch.Generator(device=dev).manual_seed(req.seed)
+        conds: list[CondSource] = []
+        images = []
+        try:
+            for i in ids:  # the cache is built at request start and lives until request end
+                conds.append(CACHES[self.config.cond_cache](self, i, patches))
+            for n in range(req.num_outputs):
+                latent_bytes = 4 * 4 * p.latent_channels * h * w  # float32 state, noise, velocity x2
+                with self.mem.hold(latent_bytes, "latents"):
+                    noise = torch.randn((1, p.latent_channels, h, w), generator=gen, device=dev)
+                    x = self._patchify(noise)
+                    for step in range(req.steps):
+                        t, t_next = timesteps[step], timesteps[step + 1]
+                        v = self._velocity(x, t, conds[0], th, tw)
+                        if cfg:
+                            v_neg = self._velocity(x, t, conds[1], th, tw)
+                            comb = v_neg + req.true_cfg_scale * (v - v_neg)
+                            # as Qwen-Image's true CFG: keep the conditional prediction's norm per token
+                            v = comb * (v.norm(dim=-1, keepdim=True)
+                                        / comb.norm(dim=-1, keepdim=True).clamp_min(1e-6))
+                        x = x + (t_next - t) * v
+                        if on_step is not None:
+                            on_step(n, step)
+                    rgb = self.model.decode(self._unpatchify(x, th, tw), req.height, req.width)
+                images.append(Image.fromarray(rgb.cpu().numpy(), mode="RGB"))
+        finally:
+            for c in conds:
+                c.close()
+        return images, conds[0].tokens if conds else 0, int(ids[0].shape[0])
+
+    def _velocity(self, x_tokens: Tensor, t: float, cond: CondSource, th: int, tw: int) -> Tensor:
+        m = self.model
+        with self.mem.hold(self.nb(x_tokens.shape[1] * self.p.dim), "latent hidden"):
+            x = m.embed_latent(x_tokens, th, tw)
+            pf = m.latent_positions(th, tw, self.device)
+            temb = m.embed_time(t, self.device)
+            cond.begin_step()
+            for layer, block in enumerate(m.blocks):
+                with self.resident(layer):
+                    k, v = cond.layer(layer, block)
+                    x = block.latent_forward(x, pf, temb, k, v, self.mem, self.nb)
+                    del k, v
+                    cond.end_layer(layer)
+            cond.end_step()
+            x0 = m.final(x, temb)
+            # the network predicts the clean latent; the flow velocity follows (x_t - x0) / t, so the
+            # last Euler step lands exactly on the model's final estimate (no leftover noise)
+            return (x_tokens - x0) / t
+
+    def _patchify(self, lat: Tensor) -> Tensor:
+        c, h, w, p = lat.shape[1], lat.shape[2], lat.shape[3], self.p.patch
+        t = lat.reshape(1, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5)
+        return t.reshape(1, (h // p) * (w // p), c * p * p)
+
+    def _unpatchify(self, tokens: Tensor, th: int, tw: int) -> Tensor:
+        c, p = self.p.latent_channels, self.p.patch
+        t = tokens.reshape(1, th, tw, c, p, p).permute(0, 3, 1, 4, 2, 5)
+        return t.reshape(1, c, th * p, tw * p)
+
+
+def configure_torch(config: ServerConfig) -> None:
+    """Threads and determinism, before any model work."""
+    if config.device.startswith("cuda"):
+        # cuBLAS needs this to be deterministic; it must be set before the first cuBLAS call.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.set_num_threads(config.threads if config.threads else (1 if config.device == "cpu" else 4))
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def png_bytes(img: Image.Image) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)

@@ -1,0 +1,177 @@
+"""Device-memory bookkeeping for the engine.
+
+Two implementations behind one interface:
+- `AccountedMemory` (CPU): a ledger of the engine's large device-side allocations (weights, conditioning
+  cache, big activations, latents). With a budget it refuses an allocation that would not fit, raising the
+  same text PyTorch's CUDA allocator raises, so clients match one string on CPU and on CUDA.
+- `CudaMemory` (CUDA): the real allocator is the source of truth (torch.cuda memory stats); the engine's
+  ledger calls are no-ops and the cap is torch.cuda.set_per_process_memory_fraction.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+OOM_PREFIX = "CUDA out of memory. Tried to allocate"
+
+
+def format_size(n: float) -> str:
+    """PyTorch's own size formatting in its OOM message."""
+    if n <= 1024:
+        return f"{int(n)} bytes"
+    if n <= 1024**2:
+        return f"{n / 1024:.2f} KiB"
+    if n <= 1024**3:
+        return f"{n / 1024**2:.2f} MiB"
+    return f"{n / 1024**3:.2f} GiB"
+
+
+class AccountedOutOfMemory(RuntimeError):
+    """Raised by the CPU ledger when an allocation would exceed the budget."""
+
+
+def oom_message(request: int, capacity: int, in_use: int, what: str) -> str:
+    free = max(capacity - in_use, 0)
+    return (
+        f"{OOM_PREFIX} {format_size(request)}. GPU 0 has a total capacity of {format_size(capacity)} "
+        f"of which {format_size(free)} is free. Including non-PyTorch memory, this process has "
+        f"{format_size(in_use)} memory in use. Of the allocated memory {format_size(in_use)} is allocated "
+        f"by PyTorch, and 0 bytes is reserved by PyTorch but unallocated. "
+        f"(refserver accounted budget on cpu; allocating {what})"
+    )
+
+
+def is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, AccountedOutOfMemory | torch.OutOfMemoryError) or OOM_PREFIX in str(exc)
+
+
+class DeviceMemory:
+    """Interface; the base class is also a no-op ledger."""
+
+    capacity: int | None = None
+
+    def alloc(self, nbytes: int, what: str) -> int:
+        return 0
+
+    def free(self, handle: int) -> None:
+        return None
+
+    @contextmanager
+    def hold(self, nbytes: int, what: str) -> Iterator[None]:
+        handle = self.alloc(nbytes, what)
+        try:
+            yield
+        finally:
+            self.free(handle)
+
+    @contextmanager
+    def scope(self) -> Iterator[None]:
+        """Frees, on exit, whatever was allocated inside and not freed (the OOM path)."""
+        yield
+
+    def current(self) -> int:
+        raise NotImplementedError
+
+    def peak(self) -> int:
+        """Peak since the last reset_peak()."""
+        raise NotImplementedError
+
+    def lifetime_peak(self) -> int:
+        raise NotImplementedError
+
+    def reset_peak(self) -> None:
+        raise NotImplementedError
+
+
+class AccountedMemory(DeviceMemory):
+    def __init__(self, capacity: int | None) -> None:
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._live: dict[int, int] = {}
+        self._ids = itertools.count(1)
+        self._current = 0
+        self._peak = 0
+        self._lifetime = 0
+        self._scopes: list[set[int]] = []
+
+    def alloc(self, nbytes: int, what: str) -> int:
+        nbytes = int(nbytes)
+        with self._lock:
+            if self.capacity is not None and self._current + nbytes > self.capacity:
+                raise AccountedOutOfMemory(oom_message(nbytes, self.capacity, self._current, what))
+            handle = next(self._ids)
+            self._live[handle] = nbytes
+            self._current += nbytes
+            self._peak = max(self._peak, self._current)
+            self._lifetime = max(self._lifetime, self._current)
+            if self._scopes:
+                self._scopes[-1].add(handle)
+            return handle
+
+    def free(self, handle: int) -> None:
+        with self._lock:
+            self._current -= self._live.pop(handle, 0)
+            for s in self._scopes:
+                s.discard(handle)
+
+    @contextmanager
+    def scope(self) -> Iterator[None]:
+        with self._lock:
+            self._scopes.append(set())
+        try:
+            yield
+        finally:
+            with self._lock:
+                leftover = self._scopes.pop()
+            for handle in leftover:
+                self.free(handle)
+
+    def current(self) -> int:
+        return self._current
+
+    def peak(self) -> int:
+        return self._peak
+
+    def lifetime_peak(self) -> int:
+        return self._lifetime
+
+    def reset_peak(self) -> None:
+        with self._lock:
+            self._peak = self._current
+
+
+class CudaMemory(DeviceMemory):
+    def __init__(self, device: torch.device, capacity: int | None) -> None:
+        self.device = device
+        total = torch.cuda.get_device_properties(device).total_memory
+        if capacity is not None:
+            # A real cap on PyTorch's caching allocator (it cannot cap the CUDA context itself).
+            torch.cuda.set_per_process_memory_fraction(min(capacity / total, 1.0), device)
+        self.capacity = capacity if capacity is not None else total
+        self._lifetime = 0
+
+    def current(self) -> int:
+        return torch.cuda.memory_allocated(self.device)
+
+    def peak(self) -> int:
+        p = torch.cuda.max_memory_allocated(self.device)
+        self._lifetime = max(self._lifetime, p)
+        return p
+
+    def lifetime_peak(self) -> int:
+        return max(self._lifetime, torch.cuda.max_memory_allocated(self.device))
+
+    def reset_peak(self) -> None:
+        self.peak()  # fold the old window into the lifetime peak first
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+
+def make_device_memory(device: torch.device, capacity: int | None) -> DeviceMemory:
+    if device.type == "cuda":
+        return CudaMemory(device, capacity)
+    return AccountedMemory(capacity)

@@ -1,0 +1,43 @@
+"""Prometheus metrics of the reference server, in a registry of its own."""
+
+from __future__ import annotations
+
+import math
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from runner.refserver.engine import Engine
+
+BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, float("inf"))
+
+
+class Metrics:
+    def __init__(self, engine: Engine) -> None:
+        r = self.registry = CollectorRegistry()
+        mem = engine.mem
+        self.requests = Counter("refserver_requests", "Generation requests by HTTP status", ["status"],
+                                registry=r)
+        for status in ("200", "400", "500"):
+            self.requests.labels(status=status)
+        self.seconds = Histogram("refserver_request_seconds", "Generation request wall time, arrival to "
+                                 "response", buckets=BUCKETS, registry=r)
+        Gauge("refserver_device_memory_bytes", "Engine device memory in use now (CUDA: "
+              "torch.cuda.memory_allocated; CPU: accounted)", registry=r).set_function(mem.current)
+        Gauge("refserver_device_memory_peak_bytes", "Peak engine device memory since start",
+              registry=r).set_function(lambda: max(mem.lifetime_peak(), mem.current()))
+        Gauge("refserver_device_memory_capacity_bytes", "Device memory cap (--vram-gib; CUDA without a cap: "
+              "the device total; NaN: no cap)", registry=r).set_function(
+            lambda: math.nan if mem.capacity is None else mem.capacity)
+        cache = Gauge("refserver_cond_cache_bytes", "Conditioning K/V cache bytes now, by placement",
+                      ["placement"], registry=r)
+        for placement in ("device", "host"):
+            cache.labels(placement=placement).set_function(lambda p=placement: engine.cache_bytes[p])
+        Gauge("refserver_host_pinned_bytes", "Pinned host memory now (host cond cache and offloaded "
+              "weights on CUDA; always 0 on CPU)", registry=r).set_function(lambda: engine.host_pinned_bytes)
+
+    def observe(self, status: int, seconds: float) -> None:
+        self.requests.labels(status=str(status)).inc()
+        self.seconds.observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,249 @@
+"""`runner MATRIX` end to end against the real reference server (subprocesses on 127.0.0.1).
+
+Each test writes a small matrix, runs the real command, and asserts on the records it wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import jsonschema
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA = json.loads((ROOT / "runner" / "schema" / "result.schema.json").read_text())
+REFS = [str(ROOT / "examples" / "refs" / f"ref-{i}.png") for i in range(1, 5)]
+
+OOM_TEXT = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+
+pytestmark = pytest.mark.slow
+
+
+def matrix(tmp: Path, body: str, *, seeds: str = "[1]", request_timeout: int = 30, ready_timeout: int = 90) -> Path:
+    text = textwrap.dedent(f"""
+        [run]
+        name = "e2e"
+        seeds = {seeds}
+        steps = 2
+        size = "128x128"
+        request_timeout_s = {request_timeout}
+        ready_timeout_s = {ready_timeout}
+        results_dir = "{tmp / 'results'}"
+
+        [servers.ref]
+        command = ["{{python}}", "-m", "runner.refserver", "--port", "{{port}}", "--preset", "tiny",
+                   "--vram-gib", "{{vram_gib}}"]
+
+        [fixtures.shapes]
+        prompt = "shapes on a table"
+        references = {json.dumps(REFS)}
+        """) + textwrap.dedent(body)
+    path = tmp / "matrix.toml"
+    path.write_text(text)
+    return path
+
+
+def run(path: Path, *extra: str, timeout: float = 240) -> tuple[subprocess.CompletedProcess[str], Path]:
+    proc = subprocess.run([sys.executable, "-m", "runner", str(path), "--no-progress", *extra],
+                          capture_output=True, text=True, timeout=timeout, cwd=path.parent)
+    runs = sorted((path.parent / "results").glob("e2e-*"))
+    return proc, runs[-1] if runs else path.parent
+
+
+def step(run_dir: Path, key: str) -> dict:
+    return json.loads((run_dir / f"{key}.json").read_text())
+
+
+def no_server_left(run_dir: Path) -> None:
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        assert not ("runner.refserver" in cmd and str(run_dir.parent.parent) in cmd), cmd
+
+
+def test_three_flag_sets_oom_implied_skip_broken_output_and_offload_verdict(tmp_path: Path) -> None:
+    path = matrix(tmp_path, """
+        [cards.tight]
+        server = "ref"
+        vram_mib = 7.75
+
+        [flags.default]
+        role = "default"
+
+        [flags.cond-host]
+        role = "offload"
+        args = ["--cond-cache", "host"]
+
+        [flags.fp8]
+        role = "offload"
+        args = ["--quantization", "int8", "--fault", "transparent"]
+
+        [baseline]
+        cell = "tight/cond-host"
+
+        [matrix]
+        references = [1, 2, 3, 4]
+        """)
+    proc, run_dir = run(path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # every record is written and valid against the published schema
+    records = sorted(run_dir.glob("tight/*/refs-*/*.json")) + sorted(run_dir.glob("tight/*/session.json"))
+    assert len(records) == 12 + 3
+    for r in records:
+        jsonschema.validate(json.loads(r.read_text()), SCHEMA)
+    # default: OOM at 3 references, found in the server log (the HTTP body does not say so), 4 implied
+    oom = step(run_dir, "tight/default/refs-3/shapes-seed-1")
+    assert oom["status"] == "failed" and oom["failure"]["kind"] == "oom"
+    assert "server log" in oom["failure"]["message"]
+    assert any("CUDA out of memory" in line for line in oom["failure"]["evidence"])
+    implied = step(run_dir, "tight/default/refs-4/shapes-seed-1")
+    assert implied["status"] == "skipped" and "out-of-memory at 3" in implied["skip_reason"]
+    # cache in host memory serves 4 with less device memory; images identical to the device cache's
+    ok = step(run_dir, "tight/cond-host/refs-4/shapes-seed-1")
+    assert ok["status"] == "ok" and (run_dir / "tight/cond-host/refs-4/shapes-seed-1.png").is_file()
+    assert step(run_dir, "tight/cond-host/refs-1/shapes-seed-1")["deterministic"] is True
+    assert ok["peaks"][0]["source"] == "server-response" and ok["peaks"][0]["available"]
+    same = step(run_dir, "tight/default/refs-2/shapes-seed-1")
+    assert same["image_sha256"] == step(run_dir, "tight/cond-host/refs-2/shapes-seed-1")["image_sha256"]
+    # the transparent output is served over HTTP but is broken, and scored against the baseline cell
+    broken = step(run_dir, "tight/fp8/refs-4/shapes-seed-1")
+    assert broken["status"] == "ok" and broken["scores"]["sanity"]["broken"]
+    assert broken["scores"]["baseline"] == "tight/cond-host/refs-4/shapes-seed-1"
+    assert broken["scores"]["psnr_db"] < 15
+    verdict = json.loads((run_dir / "verdict.json").read_text())["verdicts"][0]
+    assert verdict["world"] == "offload-works" and verdict["flags"] == "cond-host"
+    assert verdict["evidence"]["latency_ratio"] is not None
+    report = (run_dir / "report.md").read_text()
+    assert "offload-works" in report and "❌ OOM" in report and "⏭" in report
+    assert (run_dir / "plots" / "tight-capacity.png").stat().st_size > 5000
+    assert (run_dir / "plots" / "tight--default-memory.png").is_file()
+    memory = (run_dir / "tight/default/memory.csv").read_text().splitlines()
+    assert memory[0] == "t,attempt,source,metric,bytes" and len(memory) > 10
+    assert "tight: offload-works" in proc.stdout
+    no_server_left(run_dir)
+
+
+def test_crash_restarts_once_and_records_lost_steps(tmp_path: Path) -> None:
+    # Request 1 and its determinism repeat are requests 1-2; request 3 kills the server. After the restart
+    # the new process dies at its own third request, and the one allowed restart is used up.
+    path = matrix(tmp_path, """
+        [cards.roomy]
+        server = "ref"
+        vram_mib = 64
+
+        [flags.dies]
+        role = "default"
+        args = ["--fault", "exit@3"]
+
+        [matrix]
+        references = [0, 1, 2]
+        """, seeds="[1, 2]")
+    proc, run_dir = run(path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    keys = [f"roomy/dies/refs-{n}/shapes-seed-{s}" for n in range(3) for s in (1, 2)]
+    got = [step(run_dir, k) for k in keys]
+    assert [g["status"] for g in got] == ["ok", "failed", "ok", "ok", "failed", "skipped"]
+    assert got[1]["failure"]["kind"] == "crash" and got[1]["lost"] and got[1]["failure"]["exit_code"] == 1
+    assert got[2]["attempt"] == 1 and got[4]["attempt"] == 1
+    assert "restart" in got[5]["skip_reason"]
+    session = json.loads((run_dir / "roomy/dies/session.json").read_text())
+    assert len(session["starts"]) == 2 and all(s["ready_s"] for s in session["starts"])
+    assert (run_dir / "roomy/dies/server.1.log").is_file()
+    no_server_left(run_dir)
+
+
+def test_hang_times_out_restarts_and_start_failures_are_classified(tmp_path: Path) -> None:
+    path = matrix(tmp_path, f"""
+        [servers.never-listens]
+        command = ["{sys.executable}", "-c", "import time; time.sleep(120)"]
+
+        [servers.oom-at-load]
+        command = ["{sys.executable}", "-c", "import sys; print('{OOM_TEXT}'); sys.exit(1)"]
+
+        [cards.roomy]
+        server = "ref"
+        vram_mib = 64
+
+        [cards.hangs-at-load]
+        server = "never-listens"
+        vram_gib = 1
+
+        [cards.dies-at-load]
+        server = "oom-at-load"
+        vram_gib = 1
+
+        [flags.hang]
+        role = "default"
+        args = ["--fault", "hang@3"]
+
+        [flags.plain]
+        role = "default"
+
+        [matrix]
+        references = [1, 2, 3]
+        exclude = [{{card = "roomy", flags = "plain"}}, {{card = "hangs-at-load", flags = "hang"}},
+                   {{card = "dies-at-load", flags = "hang"}}]
+        """, request_timeout=4, ready_timeout=20)
+    proc, run_dir = run(path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    hung = step(run_dir, "roomy/hang/refs-2/shapes-seed-1")
+    assert hung["failure"]["kind"] == "timeout" and hung["lost"] and 3.5 < hung["wall_s"] < 10
+    session = json.loads((run_dir / "roomy/hang/session.json").read_text())
+    assert len(session["starts"]) == 2  # restarted for the step after the hang, which was served
+    assert step(run_dir, "roomy/hang/refs-3/shapes-seed-1")["status"] == "ok"
+    load = json.loads((run_dir / "dies-at-load/plain/session.json").read_text())["starts"][0]
+    assert load["failure"]["kind"] == "oom_at_load" and load["failure"]["exit_code"] == 1
+    assert "CUDA out of memory" in load["failure"]["evidence"][0]
+    assert step(run_dir, "dies-at-load/plain/refs-1/shapes-seed-1")["skip_reason"] == \
+        "server did not start: oom_at_load"
+    never = json.loads((run_dir / "hangs-at-load/plain/session.json").read_text())["starts"][0]
+    assert never["failure"]["kind"] == "ready_timeout"
+    verdicts = {v["card"]: v for v in json.loads((run_dir / "verdict.json").read_text())["verdicts"]}
+    assert verdicts["dies-at-load"]["world"] == "not-built"
+    assert "oom_at_load" in verdicts["dies-at-load"]["reason"]
+    for p in psutil.process_iter(["cmdline"]):  # the never-listening server was stopped, not left behind
+        assert "time.sleep(120)" not in " ".join(p.info["cmdline"] or [])
+
+
+def test_interrupt_keeps_records_and_resume_finishes(tmp_path: Path) -> None:
+    path = matrix(tmp_path, """
+        [cards.roomy]
+        server = "ref"
+        vram_mib = 64
+
+        [flags.default]
+        role = "default"
+
+        [matrix]
+        references = [0, 1, 2, 3, 4]
+        """, seeds="[1, 2, 3, 4]")
+    proc = subprocess.Popen([sys.executable, "-m", "runner", str(path), "--no-progress"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(list(tmp_path.glob("results/e2e-*/roomy/default/refs-*/*.json"))) < 3:
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted" in err and "Traceback" not in err
+    run_dir = next(tmp_path.glob("results/e2e-*"))
+    done = {p.stem for p in run_dir.glob("roomy/default/refs-*/*.json")
+            if json.loads(p.read_text())["status"] == "ok"}
+    assert 3 <= len(done) < 20
+    interrupted = [json.loads(p.read_text()) for p in run_dir.glob("roomy/default/refs-*/*.json")]
+    assert any(r["status"] == "skipped" and r["skip_reason"] == "run interrupted" for r in interrupted)
+    no_server_left(run_dir)
+    resumed = subprocess.run([sys.executable, "-m", "runner", str(path), "--no-progress", "--resume", str(run_dir)],
+                             capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    records = [json.loads(p.read_text()) for p in run_dir.glob("roomy/default/refs-*/*.json")]
+    assert len(records) == 20 and all(r["status"] == "ok" for r in records)
+    # the steps finished before the interrupt were not sent again
+    assert f"{len(done) and 20 - len(done)} request(s)" in resumed.stderr or "request(s)" in resumed.stderr

@@ -1,0 +1,99 @@
+"""monitoring/: every dashboard query names a metric that dcgm-exporter or the runner really exports, and
+prometheus.yml scrapes both (checked by promtool when it is installed)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from meters_support import FIXTURES
+from prometheus_client.parser import text_string_to_metric_families
+
+from runner.meters.gpu import ManualSource
+from runner.meters.sidecar import Sidecar
+
+MONITORING = Path(__file__).resolve().parents[2] / "monitoring"
+KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
+            "offset", "inf", "nan"}
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names in a PromQL expression: identifiers that are not functions, keywords, labels,
+    strings, durations or dashboard variables."""
+    expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # strings
+    expr = re.sub(r"\{[^}]*\}", "", expr)  # label matchers
+    expr = re.sub(r"\[[^\]]*\]", "", expr)  # ranges
+    expr = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr)
+    expr = re.sub(r"\$\w+", "", expr)
+    names = set()
+    for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", expr):
+        rest = expr[m.end():].lstrip()
+        if rest.startswith("(") or m.group(0).lower() in KEYWORDS:
+            continue
+        names.add(m.group(0))
+    return names
+
+
+def exported_names() -> set[str]:
+    names: set[str] = set()
+    for f in FIXTURES.glob("*.prom"):
+        names |= {s.name for fam in text_string_to_metric_families(f.read_text()) for s in fam.samples}
+    sidecar = Sidecar(ManualSource(used=1), hz=200).start()
+    try:
+        text = httpx.get(sidecar.url + "/metrics", timeout=5).text
+    finally:
+        sidecar.stop()
+    names |= {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return names
+
+
+def queries(dashboard: dict) -> list[str]:
+    out = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    for var in dashboard.get("templating", {}).get("list", []):
+        q = var.get("query")
+        out.append(q["query"] if isinstance(q, dict) else q)
+    return out
+
+
+def test_metric_names_parser() -> None:
+    assert metric_names('100 * max_over_time(A_B{UUID=~"$gpu"}[5m]) / (C + sum by (gpu) (D))') == {"A_B", "C", "D"}
+    assert metric_names("label_values(DCGM_FI_DEV_FB_USED, UUID)") == {"DCGM_FI_DEV_FB_USED", "UUID"}
+
+
+def test_every_panel_query_names_an_exported_metric() -> None:
+    dashboard = json.loads((MONITORING / "grafana-vram-dashboard.json").read_text())
+    known = exported_names()
+    assert dashboard["panels"], "dashboard has no panels"
+    for p in dashboard["panels"]:
+        assert p.get("targets"), f"panel {p['title']!r} has no query"
+    for expr in queries(dashboard):
+        names = metric_names(expr)
+        if expr.startswith("label_values("):  # label_values(metric, label): the label is no metric
+            names = {expr.split("(", 1)[1].split(",", 1)[0].strip()}
+        assert names, f"query names no metric: {expr}"
+        assert names <= known, f"{expr}: {sorted(names - known)} exported by neither dcgm-exporter nor the runner"
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_prometheus_config_scrapes_dcgm_and_runner() -> None:
+    config = yaml.safe_load((MONITORING / "prometheus.yml").read_text())
+    jobs = {j["job_name"]: j for j in config["scrape_configs"]}
+    assert {"dcgm-exporter", "runner-sidecar", "runner"} <= set(jobs)
+    assert jobs["dcgm-exporter"]["scrape_interval"] == "1s"
+    for job in jobs.values():  # examples point at this host only
+        for sc in job["static_configs"]:
+            assert all(t.startswith("127.0.0.1:") for t in sc["targets"])
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is missing (Debian package prometheus)")
+def test_promtool_accepts_config() -> None:
+    result = subprocess.run(["promtool", "check", "config", str(MONITORING / "prometheus.yml")],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -1,0 +1,117 @@
+"""Injected faults: load-time and per-request."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import socket
+import time
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+from refserver_helpers import Server, chat_body, chat_pngs, decode
+
+from runner.refserver.faults import FaultPlan
+
+
+@pytest.fixture(scope="session")
+def fault_replies(fleet: dict[str, Server]) -> dict[str, httpx.Response]:
+    """Requests 1..5 on the faults server, in order (each fault names its request number)."""
+    s = fleet["faults"].ready()
+    kinds = ["malformed-json", "no-image", "wrong-size", "transparent", "grey"]
+    return {k: s.chat(chat_body(height=128, width=96)) for k in kinds}
+
+
+def test_malformed_json(fault_replies: dict[str, httpx.Response]) -> None:
+    r = fault_replies["malformed-json"]
+    assert r.status_code == 200
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(r.text)
+
+
+def test_no_image(fault_replies: dict[str, httpx.Response]) -> None:
+    r = fault_replies["no-image"]
+    assert r.status_code == 200
+    assert isinstance(r.json()["choices"][0]["message"]["content"], str)
+
+
+def test_wrong_size(fault_replies: dict[str, httpx.Response]) -> None:
+    (png,) = chat_pngs(fault_replies["wrong-size"])
+    assert decode(png).size != (96, 128)
+
+
+def test_transparent(fault_replies: dict[str, httpx.Response]) -> None:
+    (png,) = chat_pngs(fault_replies["transparent"])
+    img = decode(png)
+    assert img.mode == "RGBA" and img.size == (96, 128)
+    alpha = np.asarray(img)[..., 3]
+    assert 0.95 < float(np.mean(alpha == 0)) < 0.99
+
+
+def test_grey(fault_replies: dict[str, httpx.Response]) -> None:
+    (png,) = chat_pngs(fault_replies["grey"])
+    px = np.asarray(decode(png))
+    assert px.shape == (128, 96, 3) and px.std() == 0
+
+
+def test_hang_keeps_server_alive(fleet: dict[str, Server], fault_replies: dict[str, httpx.Response]) -> None:
+    s = fleet["faults"]
+    with pytest.raises(httpx.ReadTimeout):
+        s.chat(chat_body(), timeout=3)  # request 6
+    assert "fault hang@6" in s.log()
+    assert httpx.get(s.url + "/health", timeout=2).status_code == 200
+    assert s.proc.poll() is None
+
+
+def test_exit_mid_request(fleet: dict[str, Server]) -> None:
+    s = fleet["exit"].ready()
+    chat_pngs(s.chat(chat_body()))  # request 1 is fine
+    with pytest.raises(httpx.HTTPError):
+        s.chat(chat_body())
+    assert s.wait_exit(timeout=10) == 1
+    log = s.log()
+    assert "fault exit@2" in log and "request 2 " in log
+
+
+def test_load_fail(fleet: dict[str, Server]) -> None:
+    s = fleet["load_fail"]
+    assert s.wait_exit() == 3
+    assert "fault load-fail" in s.log()
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", s.port)) != 0
+
+
+def test_slow_load_binds_late(launch) -> None:
+    s = launch("slow", "--fault", "slow-load@2")
+    deadline = time.monotonic() + 60
+    while "refserver loaded" not in s.log():
+        assert time.monotonic() < deadline and s.proc.poll() is None
+        time.sleep(0.02)
+    loaded = time.monotonic()
+    with socket.socket() as sock:  # loaded, but not listening yet
+        assert sock.connect_ex(("127.0.0.1", s.port)) != 0
+    s.ready()
+    assert time.monotonic() - loaded >= 1.8
+
+
+def test_fault_plan_parsing() -> None:
+    plan = FaultPlan.parse(["grey", "exit@3", "slow-load=1.5", "transparent@2", "load-fail"])
+    assert plan.load_fail and plan.slow_load_s == 1.5
+    assert plan.for_request(1) == {"grey"}
+    assert plan.for_request(2) == {"grey", "transparent"}
+    assert plan.for_request(3) == {"grey", "exit"}
+    assert FaultPlan.parse(["slow-load@5"]).slow_load_s == 5
+    for bad in ["nope", "exit", "hang@0", "grey@x", "slow-load=abc"]:
+        with pytest.raises(ValueError):
+            FaultPlan.parse([bad])
+
+
+def test_unused_helpers_roundtrip() -> None:
+    # the transparent fault's PNG must survive a decode/encode round trip with its alpha
+    img = Image.new("RGBA", (4, 4), (1, 2, 3, 0))
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    assert decode(base64.b64decode(base64.b64encode(buf.getvalue()))).mode == "RGBA"
