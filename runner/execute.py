@@ -37,12 +37,12 @@ RESTART_AFTER = {FailureClass.CRASH, FailureClass.TIMEOUT}
 class Events:
     """What the executor tells the outside world (progress bars, live metrics). No-ops by default."""
 
-    def lane_started(self, card: str, total_steps: int) -> None: ...
+    def lane_started(self, lane: str, cards: tuple[str, ...], total_steps: int) -> None: ...
     def session_started(self, card: str, flags: str, attempt: int) -> None: ...
     def session_ready(self, card: str, flags: str, ready_s: float | None) -> None: ...
     def step_done(self, record: StepRecord) -> None: ...
     def memory(self, card: str, device_bytes: int | None) -> None: ...
-    def lane_done(self, card: str) -> None: ...
+    def lane_done(self, lane: str) -> None: ...
 
 
 @dataclass
@@ -385,9 +385,9 @@ def run_plan(ctx: RunContext) -> list[SessionRecord]:
 
     def lane_job(lane_index: int) -> list[SessionRecord]:
         lane = ctx.plan.lanes[lane_index]
-        ctx.events.lane_started(lane.card, len(lane.sessions[0].steps) * len(lane.sessions))
+        ctx.events.lane_started(lane.name, lane.cards, sum(len(s.steps) for s in lane.sessions))
         out = [SessionRunner(ctx, s, refs, baselines).run_session() for s in lane.sessions]
-        ctx.events.lane_done(lane.card)
+        ctx.events.lane_done(lane.name)
         return out
 
     results: list[SessionRecord] = []

@@ -1,5 +1,9 @@
-"""Matrix → Plan: lanes (one per card, run concurrently) → sessions (one server start per card × flag set)
-→ steps (reference count ascending × fixture × seed, one request at a time). Pure.
+"""Matrix → Plan: lanes (run concurrently) → sessions (one server start per card × flag set) → steps
+(reference count ascending × fixture × seed, one request at a time). Pure.
+
+A lane is one physical device: cards that name the same GPU on the same host (e.g. two capacities emulated
+on one H200) share a lane and run one after another, so a whole-device meter never sees the other card's
+server. Cards without a GPU (CPU emulation, accounted memory) get a lane each.
 
 A step's key is its path in the run directory and its resume key.
 """
@@ -9,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from runner.matrix import Matrix
+from runner.units import GIB, fmt_bytes
 
 
 @dataclass(frozen=True)
@@ -37,7 +42,8 @@ class Session:
 
 @dataclass(frozen=True)
 class Lane:
-    card: str
+    name: str
+    cards: tuple[str, ...]
     sessions: tuple[Session, ...]
 
 
@@ -58,9 +64,17 @@ def _excluded(matrix: Matrix, card: str, flags: str) -> bool:
     return any(ex.get("card", card) == card and ex.get("flags", flags) == flags for ex in matrix.axes.exclude)
 
 
+def device_of(matrix: Matrix, card: str) -> str:
+    c = matrix.cards[card]
+    if c.gpu is None:
+        return card
+    return f"{c.docker_host or 'local'}#gpu{c.gpu}"
+
+
 def make_plan(matrix: Matrix) -> Plan:
     axes, seeds = matrix.axes, matrix.run.seeds
-    lanes = []
+    by_device: dict[str, list[Session]] = {}
+    cards_of: dict[str, list[str]] = {}
     for card in axes.cards:
         flag_names = [f for f in axes.flags if not _excluded(matrix, card, f)]
         # A baseline cell on this card runs first, so its images exist before the others are scored.
@@ -72,8 +86,10 @@ def make_plan(matrix: Matrix) -> Plan:
             for flags in flag_names
         )
         if sessions:
-            lanes.append(Lane(card, sessions))
-    return Plan(tuple(lanes))
+            device = device_of(matrix, card)
+            by_device.setdefault(device, []).extend(sessions)
+            cards_of.setdefault(device, []).append(card)
+    return Plan(tuple(Lane(d, tuple(cards_of[d]), tuple(ss)) for d, ss in by_device.items()))
 
 
 def describe(plan: Plan, matrix: Matrix) -> str:
@@ -86,11 +102,14 @@ def describe(plan: Plan, matrix: Matrix) -> str:
         f"{len(plan.steps)} request(s); {run.steps} steps, size {size}, seeds {list(run.seeds)}",
     ]
     for lane in plan.lanes:
-        card = matrix.cards[lane.card]
-        where = card.backend if card.backend == "local" else f"docker {card.docker_host or 'local engine'}"
-        lines.append(f"card {lane.card}: {card.vram_gib:g} GiB, gpu {card.gpu or '-'}, {where}, "
-                     f"server '{card.server}', meters {', '.join(card.meters)}")
+        if len(lane.cards) > 1:
+            lines.append(f"lane {lane.name}: cards {', '.join(lane.cards)} share this device, one after another")
         for s in lane.sessions:
+            if s is next(x for x in lane.sessions if x.card == s.card):
+                card = matrix.cards[s.card]
+                where = card.backend if card.backend == "local" else f"docker {card.docker_host or 'local engine'}"
+                lines.append(f"card {s.card}: {fmt_bytes(card.vram_gib * GIB)}, gpu {card.gpu or '-'}, {where}, "
+                             f"server '{card.server}', meters {', '.join(card.meters)}")
             fs = matrix.flags[s.flags]
             args = " ".join(fs.args) or "(no extra args)"
             env = " ".join(f"{k}={v}" for k, v in fs.env.items())

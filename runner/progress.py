@@ -48,17 +48,17 @@ class ProgressView(Events):
     def __exit__(self, *exc: object) -> None:
         self.progress.stop()
 
-    def lane_started(self, card: str, total_steps: int) -> None:
+    def lane_started(self, lane: str, cards: tuple[str, ...], total_steps: int) -> None:
         with self.lock:
-            self.tasks[card] = self.progress.add_task(card, total=total_steps, card=card, session="starting",
-                                                      memory="")
+            task = self.progress.add_task(lane, total=total_steps, card=lane, session="starting", memory="")
+            self.tasks.update({lane: task, **{card: task for card in cards}})
 
     def session_started(self, card: str, flags: str, attempt: int) -> None:
         label = f"{flags} (loading{', restart ' + str(attempt) if attempt else ''})"
-        self.progress.update(self.tasks[card], session=label)
+        self.progress.update(self.tasks[card], session=f"{card}/{label}")
 
     def session_ready(self, card: str, flags: str, ready_s: float | None) -> None:
-        text = f"{flags} (ready in {ready_s:.1f} s)" if ready_s is not None else f"{flags} (did not start)"
+        text = f"{card}/{flags} (ready in {ready_s:.1f} s)" if ready_s is not None else f"{flags} (did not start)"
         self.progress.update(self.tasks[card], session=text)
         if ready_s is None:
             self.console.print(f"{card}/{flags}: server did not start")
@@ -71,5 +71,5 @@ class ProgressView(Events):
         text = "" if device_bytes is None else f"mem {device_bytes / 2**30:.3f} GiB"
         self.progress.update(self.tasks[card], memory=text)
 
-    def lane_done(self, card: str) -> None:
-        self.progress.update(self.tasks[card], session="done", memory="")
+    def lane_done(self, lane: str) -> None:
+        self.progress.update(self.tasks[lane], session="done", memory="")

@@ -62,9 +62,9 @@ PRESETS: dict[str, Preset] = {
     # so with CFG on, 2 references fit and 3 do not (cond-cache device); host/off fit 4.
     "h200-24g": Preset(name="h200-24g", dim=2560, layers=40, heads=20, ref_tokens=4096, vocab=8192,
                        max_text_tokens=256, default_side=1024, max_pixels=2048 * 2048),
-    # H200 capped at 16 GiB (an RTX 5080 stand-in): weights 11.9 GiB, 1.41 GiB per reference per CFG pass:
+    # H200 capped at 16 GiB (an RTX 5080 stand-in): weights 11.3 GiB, 1.34 GiB per reference per CFG pass:
     # with CFG on, 1 reference fits and 2 do not (cond-cache device).
-    "h200-16g": Preset(name="h200-16g", dim=2304, layers=40, heads=18, ref_tokens=4096, vocab=8192,
+    "h200-16g": Preset(name="h200-16g", dim=2304, layers=38, heads=18, ref_tokens=4096, vocab=8192,
                        max_text_tokens=256, default_side=1024, max_pixels=2048 * 2048),
 }
 

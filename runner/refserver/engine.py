@@ -151,13 +151,13 @@ class HostCache(CondSource):
         super().__init__(engine, ids, patches)
         cuda = engine.device.type == "cuda"
         self.host: list[tuple[Tensor, Tensor]] = []
-        for handle, k, v in self.prefill():
-            if cuda:
-                hk = torch.empty(k.shape, dtype=k.dtype, pin_memory=True).copy_(k)
-                hv = torch.empty(v.shape, dtype=v.dtype, pin_memory=True).copy_(v)
-            else:
-                hk, hv = k.clone(), v.clone()
-            self.host.append((hk, hv))
+        store: Tensor | None = None  # one host buffer for all layers: one pinned allocation per request
+        for layer, (handle, k, v) in enumerate(self.prefill()):
+            if store is None:
+                store = torch.empty((engine.p.layers, 2, *k.shape), dtype=k.dtype, pin_memory=cuda)
+            store[layer, 0].copy_(k)
+            store[layer, 1].copy_(v)
+            self.host.append((store[layer, 0], store[layer, 1]))
             del k, v
             engine.mem.free(handle)
         nbytes = self.kv_bytes * len(self.host)
@@ -277,7 +277,7 @@ class Engine:
                 self.device_weight_bytes += nbytes
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-            self.device_weight_bytes = self.mem.current()
+            torch.cuda.empty_cache()  # hand back the float32 init temporaries' cached segments
         self.host_pinned_bytes = self.weights_pinned_bytes
         model.eval()
         self.load_seconds = time.perf_counter() - t0
@@ -397,6 +397,9 @@ def configure_torch(config: ServerConfig) -> None:
     if config.device.startswith("cuda"):
         # cuBLAS needs this to be deterministic; it must be set before the first cuBLAS call.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        # Without it the caching allocator's fragmentation (GiBs reserved but unallocated under a cap)
+        # decides the fit instead of the model; the seed found the same. Set the variable to override.
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     torch.set_num_threads(config.threads if config.threads else (1 if config.device == "cpu" else 4))
     torch.use_deterministic_algorithms(True, warn_only=True)
 

@@ -108,3 +108,12 @@ def test_shipped_matrices_are_valid() -> None:
     for path in [root / "matrix.toml", *sorted((root / "examples").glob("*.toml"))]:
         m = load_matrix(path, check_files=False)
         assert make_plan(m).steps, path
+
+
+def test_cards_on_one_gpu_share_a_lane(matrix_dir: Path) -> None:
+    path = edit(matrix_dir, "vram_gib = 0.5", 'vram_gib = 0.5\ngpu = "0"\n\n[cards.other]\nserver = "ref"\n'
+                                              'vram_mib = 300\ngpu = 0')
+    plan = make_plan(load_matrix(path))
+    assert len(plan.lanes) == 1 and plan.lanes[0].cards == ("small", "other")
+    assert [s.card for s in plan.lanes[0].sessions] == ["small", "small", "other", "other"]
+    assert "share this device" in describe(plan, load_matrix(path))
