@@ -52,7 +52,7 @@ def _run_doc(matrix, plan, run_id: str, started: float) -> dict:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from runner.execute import RunContext, rescore_against_cell, run_plan
+    from runner.execute import Events, RunContext, rescore_against_cell, run_plan
     from runner.matrix import load_matrix
     from runner.plan import make_plan
     from runner.progress import ProgressView
@@ -79,13 +79,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"runner: run {run_id}: {len(plan.sessions)} server start(s), {len(plan.steps)} request(s) "
           f"→ {root}", file=sys.stderr)
     view = ProgressView(enabled=not args.no_progress)
-    ctx = RunContext(matrix=matrix, plan=plan, store=store, run_id=run_id, events=view, done_keys=done)
+    events: Events = view
+    exporter = None
+    if args.metrics_port is not None:
+        from runner.exporter import Fanout, RunExporter
+
+        try:
+            exporter = RunExporter(run_id, args.metrics_port)
+        except OSError as exc:
+            raise UserError(f"--metrics-port {args.metrics_port}: cannot listen on 127.0.0.1: {exc.strerror}") \
+                from None
+        events = Fanout(view, exporter)
+    ctx = RunContext(matrix=matrix, plan=plan, store=store, run_id=run_id, events=events, done_keys=done)
     interrupted = False
     try:
         with view:
             run_plan(ctx)
     except KeyboardInterrupt:
         interrupted = True
+    finally:
+        if exporter:
+            exporter.close()
     finished = dt.datetime.now().timestamp()
     store.write_run({**run_doc, "finished_at": finished, "finished_at_iso": _iso(finished),
                      "interrupted": interrupted})
@@ -157,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--results", help="results folder (default: [run] results_dir)")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run in RUN_DIR")
     run.add_argument("--no-progress", action="store_true", help="no live bars, only one line per step")
+    run.add_argument("--metrics-port", type=int, metavar="PORT",
+                     help="serve the run's live metrics for Prometheus on 127.0.0.1:PORT (monitoring/ uses 9450)")
     run.set_defaults(func=cmd_run)
     plan = sub.add_parser("plan", help="print the plan of a matrix without running anything")
     plan.add_argument("matrix")
