@@ -78,6 +78,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     done = frozenset(s.key for s in store.load_steps() if s.status != "skipped") if args.resume else frozenset()
     print(f"runner: run {run_id}: {len(plan.sessions)} server start(s), {len(plan.steps)} request(s) "
           f"→ {root}", file=sys.stderr)
+    _reap_leftovers(matrix, plan)
     view = ProgressView(enabled=not args.no_progress)
     events: Events = view
     exporter = None
@@ -109,6 +110,26 @@ def cmd_run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 130
     return 0
+
+
+def _reap_leftovers(matrix, plan) -> None:
+    """Containers labelled by an earlier, interrupted run of this runner are removed before this one starts;
+    nothing without the runner's label is touched."""
+    hosts = {matrix.cards[c].docker_host for lane in plan.lanes for c in lane.cards
+             if matrix.cards[c].backend == "docker"}
+    if not hosts:
+        return
+    from docker.errors import DockerException
+
+    from runner.backends.docker import reap
+
+    for host in hosts:
+        where = host or "local engine"
+        try:
+            for name in reap(host):
+                print(f"runner: removed container {name} left by an earlier run ({where})", file=sys.stderr)
+        except DockerException as exc:
+            print(f"runner: could not check {where} for leftover containers: {exc}", file=sys.stderr)
 
 
 def _finish(store, matrix, rescore=None, ctx=None) -> None:

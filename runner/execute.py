@@ -220,14 +220,20 @@ class SessionRunner:
         rules = self.ctx.matrix.verdict
         scores = scoring.score(image, base_image, name, max_transparent_share=rules.max_transparent_share,
                                min_pixel_std=rules.min_pixel_std)
-        deterministic = None
+        deterministic = repeat_psnr = None
         if check_determinism:
             again = self._send(client, server, call)
             again_parsed = dialects.parse(self.profile.dialect, again[1]) if again[0] == 200 else None
             deterministic = bool(again_parsed and again_parsed.image == image_bytes)
+            if again_parsed and again_parsed.image and not deterministic:
+                # How far apart: numerical noise (high dB) or an ignored seed (low dB)?
+                try:
+                    repeat_psnr = scoring.score(scoring.decode(again_parsed.image), image, None).psnr_db
+                except Exception:  # an undecodable repeat is simply not comparable
+                    repeat_psnr = None
         record = self._base(step, Status.OK, image=Path(step.key).name + ".png",
                             image_sha256=hashlib.sha256(image_bytes).hexdigest(), scores=scores,
-                            deterministic=deterministic, **common)
+                            deterministic=deterministic, repeat_psnr_db=repeat_psnr, **common)
         return record, image_bytes
 
     # -- the session ---------------------------------------------------------------------------------
@@ -283,7 +289,8 @@ class SessionRunner:
                                 self._skip(step, f"implied by an out-of-memory at {oom_at} reference(s) "
                                                  f"in this session")
                                 continue
-                            record, png = self.execute(client, server, meters, step, attempt, first_step)
+                            record, png = self.execute(client, server, meters, step, attempt,
+                                                       first_step and self.run.determinism_check)
                             first_step = False
                             self._emit(record, png)
                             if record.failure and record.failure.kind == FailureClass.OOM \
@@ -416,14 +423,15 @@ def rescore_against_cell(ctx: RunContext, on_update: Callable[[StepRecord], None
         return 0
     rules = ctx.matrix.verdict
     steps = ctx.store.load_steps()
-    base = {(s.fixture, s.references, s.seed): s for s in steps
-            if (s.card, s.flags) == b.cell and s.status == Status.OK}
+    card, flags = b.cell
+    base = {(s.card if card is None else None, s.fixture, s.references, s.seed): s for s in steps
+            if s.card == (card or s.card) and s.flags == flags and s.status == Status.OK}
     count = 0
     for s in steps:
         if s.status != Status.OK:
             continue
         png = ctx.store.read_png(s.key)
-        ref = base.get((s.fixture, s.references, s.seed))
+        ref = base.get((s.card if card is None else None, s.fixture, s.references, s.seed))
         ref_png = ctx.store.read_png(ref.key) if ref else None
         if png is None:
             continue
@@ -431,7 +439,7 @@ def rescore_against_cell(ctx: RunContext, on_update: Callable[[StepRecord], None
                                ref.key if ref else None, max_transparent_share=rules.max_transparent_share,
                                min_pixel_std=rules.min_pixel_std)
         if ref is None:
-            scores = replace(scores, reason=f"baseline cell {'/'.join(b.cell)} has no image for this "
+            scores = replace(scores, reason=f"baseline cell {card or s.card}/{flags} has no image for this "
                                             f"fixture, reference count and seed")
         updated = replace(s, scores=scores)
         ctx.store.write_step(updated)

@@ -98,7 +98,7 @@ class Fixture:
 @dataclass(frozen=True)
 class Baseline:
     directory: Path | None  # holds samples.json (fixture + references + seed → image file)
-    cell: tuple[str, str] | None  # (card, flag set) of this same run
+    cell: tuple[str | None, str] | None  # (card, flag set) of this run; card None = each card's own
 
 
 @dataclass(frozen=True)
@@ -401,10 +401,10 @@ def _baseline(file: Path, t: _Table, base: Path, cards: Mapping, flags: Mapping)
         raise UserError(f"{file}: [baseline] needs exactly one of 'dir' or 'cell'")
     parsed_cell = None
     if cell is not None:
-        card, _, fl = cell.partition("/")
-        if card not in cards or fl not in flags:
-            raise t.err("cell", f"must be 'CARD/FLAGS' naming a card and flag set, got {_show(cell)}")
-        parsed_cell = (card, fl)
+        card, _, fl = cell.rpartition("/")
+        if (card and card not in cards) or fl not in flags:
+            raise t.err("cell", f"must be 'CARD/FLAGS' or 'FLAGS' naming a card and a flag set, got {_show(cell)}")
+        parsed_cell = (card or None, fl)
     t.done()
     return Baseline(directory=None if directory is None else base / Path(directory).expanduser(),
                     cell=parsed_cell)

@@ -78,7 +78,7 @@ def make_plan(matrix: Matrix) -> Plan:
     for card in axes.cards:
         flag_names = [f for f in axes.flags if not _excluded(matrix, card, f)]
         # A baseline cell on this card runs first, so its images exist before the others are scored.
-        if matrix.baseline and matrix.baseline.cell and matrix.baseline.cell[0] == card:
+        if matrix.baseline and matrix.baseline.cell and matrix.baseline.cell[0] in (card, None):
             flag_names.sort(key=lambda f: f != matrix.baseline.cell[1])
         sessions = tuple(
             Session(card, flags, tuple(Step(card, flags, fx, n, seed)
@@ -119,7 +119,8 @@ def describe(plan: Plan, matrix: Matrix) -> str:
                          f"{list(matrix.axes.fixtures)} × seeds {list(run.seeds)}")
     if matrix.baseline:
         b = matrix.baseline
-        lines.append(f"baseline: {b.directory if b.directory else 'cell ' + '/'.join(b.cell or ())}")
+        cell = b.cell and (f"{b.cell[0]}/{b.cell[1]}" if b.cell[0] else f"each card's own '{b.cell[1]}'")
+        lines.append(f"baseline: {b.directory if b.directory else 'cell ' + str(cell)}")
     for path in matrix.missing_files:
         lines.append(f"warning: file not found here (needed to run): {path}")
     return "\n".join(lines)

@@ -27,7 +27,8 @@ def step_line(r: StepRecord) -> str:
     if r.scores and r.scores.sanity.broken:
         parts.append("BROKEN: " + "; ".join(r.scores.sanity.reasons))
     if r.deterministic is not None:
-        parts.append("deterministic" if r.deterministic else "NOT deterministic")
+        parts.append("deterministic" if r.deterministic else
+                     f"NOT deterministic (repeat PSNR {r.repeat_psnr_db} dB)")
     return f"{head}: " + ", ".join(parts)
 
 

@@ -112,6 +112,7 @@ class StepRecord:
     peaks: tuple[Peak, ...] = ()
     scores: Scores | None = None
     deterministic: bool | None = None  # first step of a session: the same request twice, identical?
+    repeat_psnr_db: float | None = None  # when not identical: PSNR of the repeat against the first image
     request: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:

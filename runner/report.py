@@ -108,12 +108,14 @@ def _session_rows(card_sessions: list[SessionRecord], steps: list[StepRecord]) -
         load = next((p for p in (first.load_peaks if first else ()) if p.available and p.metric == "device"), None)
         peaks = ", ".join(f"{p.source}/{p.metric} {fmt_bytes(p.bytes)} ({p.samples} samples)" if p.available
                           else f"{p.source}/{p.metric} n/a: {p.reason}" for p in s.session_peaks)
-        det = next((st.deterministic for st in steps if st.flags == s.flags and st.deterministic is not None), None)
+        check = next((st for st in steps if st.flags == s.flags and st.deterministic is not None), None)
+        det = None if check is None else check.deterministic
         fail = s.start_failure
         what = (f"{fail.kind}: {fail.message}" if fail else "; ".join(s.notes)) or "–"
         rows.append(f"| {s.flags} | {s.role} | {len(s.starts)} | {first.ready_s if first else '–'} | "
                     f"{fmt_bytes(load.bytes) if load else '–'} | {peaks} | "
-                    f"{'–' if det is None else 'yes' if det else '**no**'} | {what.replace('|', '/')} |")
+                    f"{'–' if det is None else 'yes' if det else f'**no** ({check.repeat_psnr_db} dB)'} | "
+                    f"{what.replace('|', '/')} |")
     return rows
 
 

@@ -17,3 +17,5 @@ if ! docker info >/dev/null 2>&1; then
   for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
 fi
 docker info --format 'docker engine {{.ServerVersion}} up' || { tail -20 /var/log/runner-dockerd.log; exit 1; }
+# The reference-server image the docker tests run (offline: debootstrap base + wheelhouse; cached).
+"$(dirname "$0")/../docker/refserver/build.sh"

@@ -5,6 +5,7 @@
 #
 #   docker/refserver/build.sh            # build what is missing
 #   FORCE=1 docker/refserver/build.sh    # rebuild the refserver image (the base is still reused)
+#   FORCE=1 NO_CACHE=1 docker/refserver/build.sh   # ... without the engine's layer cache
 #
 # Env: BASE_IMAGE (runner-base:bookworm), IMAGE (runner-refserver:dev), MIRROR (from apt sources),
 #      PYTHON (the host interpreter that makes the wheelhouse; must be CPython 3.11 like bookworm's),
@@ -100,12 +101,18 @@ build_image() {
   make_wheelhouse
   # Build untagged, smoke-check, then tag: a broken build never becomes "up to date".
   local id
-  id="$(docker build -q --build-arg "BASE=$BASE_IMAGE" --label "runner.source-hash=$hash" "$HERE")"
+  id="$(docker build -q ${NO_CACHE:+--no-cache} --build-arg "BASE=$BASE_IMAGE" --label "runner.source-hash=$hash" "$HERE")"
   # Smoke check: the entry point starts with only what is inside the image, and no network.
   docker run --rm --network none "$id" python -c 'import importlib, pkgutil, runner.refserver as p
 for m in pkgutil.iter_modules(p.__path__, "runner.refserver."):
     m.name.endswith("__main__") or importlib.import_module(m.name)' 
+  local old
+  old="$(docker image inspect -f '{{.Id}}' "$IMAGE" 2>/dev/null || true)"
   docker tag "$id" "$IMAGE"
+  # The superseded image would linger untagged (1 GB a rebuild); an image a container still uses stays.
+  if [ -n "$old" ] && [ "$old" != "$(docker image inspect -f '{{.Id}}' "$IMAGE")" ]; then
+    docker rmi "$old" >/dev/null 2>&1 || true
+  fi
   log "$IMAGE built in $(( $(date +%s) - t0 )) s (source $hash)"
 }
 

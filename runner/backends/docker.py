@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.models.containers import Container
 from docker.types import DeviceRequest
 from docker.types import Mount as DockerMount
 
-import docker
 from runner.backends.base import ExitInfo, RunningServer, ServerSpec
 
 MANAGED = "runner.managed"
@@ -170,15 +170,18 @@ class DockerServer(RunningServer):
         self.client = connect(spec.docker_host)
         image = self._image()
         self._remove_stale(spec.name)
-        self.container = self.client.containers.run(
+        # create, then start: a start the engine refuses (no NVIDIA runtime for a GPU request, port taken)
+        # leaves a created container, which stop() must still be able to remove.
+        self.container = self.client.containers.create(
             image.id, command=list(spec.argv), environment=dict(spec.env), labels=dict(spec.labels),
-            name=spec.name, detach=True, auto_remove=False, mounts=bind_mounts(spec),
+            name=spec.name, auto_remove=False, mounts=bind_mounts(spec),
             # An init as PID 1 forwards stop's SIGTERM (a shell or `sleep` as PID 1 ignores it) and reaps
             # the server's worker processes.
             init=True,
             ports={f"{spec.container_port}/tcp": (spec.publish_host, None)},
             device_requests=gpu_request(spec.gpu), shm_size=spec.shm_size, ipc_mode=spec.ipc_mode,
         )
+        self.container.start()
         self._info["container_id"] = self.container.id
         self._info["container_name"] = spec.name
         self._start_log_stream()
@@ -228,6 +231,11 @@ class DockerServer(RunningServer):
         files = cgroup_files(pid, self.container.id) if pid and is_local(self.spec.docker_host) else None
         if files is not None and not files[0].is_file():
             files = None
+        if files is not None:
+            # A host PID of this machine (the container's init; the server is its descendant): the NVML
+            # meter tells the server's GPU processes from others' by it. Only when the cgroup check proved
+            # the PID is in our namespace.
+            self._info["pid"] = pid
         self._info["host_memory_source"] = "cgroup" if files else "engine stats API (about 1 Hz)"
         return files
 
@@ -273,6 +281,8 @@ class DockerServer(RunningServer):
         return self._exit
 
     def stop(self) -> None:
+        """Stop (SIGTERM, then SIGKILL after STOP_TIMEOUT_S) and remove. Never raises: a container the
+        engine could not remove is named in info() and left for reap() at the next run."""
         if self._stopped:
             return
         self._stopped = True
@@ -284,9 +294,9 @@ class DockerServer(RunningServer):
                 self._drain_logs()
                 with contextlib.suppress(NotFound):
                     self.container.remove(force=True)
-        except APIError as exc:
-            if exc.status_code != 409:  # 409: removal already in progress
-                raise
+        except DockerException as exc:
+            if not (isinstance(exc, APIError) and exc.status_code == 409):  # 409: removal already under way
+                self._info["stop_error"] = f"{type(exc).__name__}: {exc}"[:500]
         finally:
             if self.client is not None:
                 self.client.close()

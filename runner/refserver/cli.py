@@ -94,10 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     from runner.refserver.engine import Engine, configure_torch
     from runner.refserver.memory import is_oom
 
+    configure_torch(config)  # sets allocator/cuBLAS environment, so before anything touches CUDA
     if config.device.startswith("cuda") and not torch.cuda.is_available():
         log.error("--device %s requested but CUDA is not available", config.device)
         return EXIT_USAGE
-    configure_torch(config)
     try:
         engine = Engine(config)
     except Exception as exc:

@@ -117,3 +117,11 @@ def test_cards_on_one_gpu_share_a_lane(matrix_dir: Path) -> None:
     assert len(plan.lanes) == 1 and plan.lanes[0].cards == ("small", "other")
     assert [s.card for s in plan.lanes[0].sessions] == ["small", "small", "other", "other"]
     assert "share this device" in describe(plan, load_matrix(path))
+
+
+def test_baseline_cell_per_card(matrix_dir: Path) -> None:
+    path = edit(matrix_dir, "[matrix]", '[baseline]\ncell = "host-cache"\n\n[matrix]')
+    m = load_matrix(path)
+    assert m.baseline.cell == (None, "host-cache")
+    assert [s.flags for s in make_plan(m).sessions] == ["host-cache", "default"]
+    assert "each card's own 'host-cache'" in describe(make_plan(m), m)

@@ -12,11 +12,10 @@ import subprocess
 import time
 from collections.abc import Iterator
 
+import docker
 import pytest
 from docker.errors import DockerException
 from dockerkit import BASE_IMAGE, BUILD, BUILD_TIMEOUT_S, IMAGE, leftovers
-
-import docker
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ import uuid
 from pathlib import Path
 
 import docker
+
 from runner.backends.base import ServerSpec
 
 ROOT = Path(__file__).resolve().parents[2]

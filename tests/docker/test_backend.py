@@ -6,12 +6,13 @@ from __future__ import annotations
 import io
 import time
 
+import docker
 import httpx
+import psutil
 import pytest
 from dockerkit import labels, make_spec, new_run_id, refserver_argv
 from PIL import Image
 
-import docker
 from runner import dialects
 from runner.backends import create
 from runner.backends.base import StartFailed
@@ -68,6 +69,8 @@ def test_session_start_request_stop(docker_client, refserver_image, tmp_path):
         container = docker_client.containers.get(info["container_id"])
         assert container.name == spec.name and dict(spec.labels).items() <= container.labels.items()
         assert info["host_memory_source"] == "cgroup"
+        assert any(p.name() == "python" or "python" in " ".join(p.cmdline())
+                   for p in psutil.Process(info["pid"]).children(recursive=True))  # NVML attribution
 
         call = dialects.build("vllm-omni-chat", dialects.ImageRequest(
             model="refserver", prompt="two shapes", references=(("image/png", png(1)), ("image/png", png(2))),
@@ -246,3 +249,17 @@ def test_working_set_subtracts_inactive_file_cache():
     v2 = {"memory_stats": {"usage": 1000, "stats": {"inactive_file": 100}}}
     assert working_set(v1) == 700 and working_set(v2) == 900
     assert working_set({"memory_stats": {}}) is None
+
+
+@pytest.mark.docker
+def test_gpu_request_refused_by_the_engine_leaves_nothing(docker_client, base_image, tmp_path):
+    """No NVIDIA runtime here: the engine refuses to start the container; stop() still removes it."""
+    if "nvidia" in (docker_client.info().get("Runtimes") or {}):
+        pytest.skip("this engine has the NVIDIA runtime")
+    spec = make_spec(tmp_path, ("true",), image=base_image, gpu="0")
+    server = DockerServer(spec)
+    with pytest.raises(docker.errors.APIError, match=r"(?i)device driver|gpu"):
+        server.start()
+    assert server.container is not None  # created, never started
+    server.stop()
+    assert gone(docker_client, spec.name) and "stop_error" not in server.info()

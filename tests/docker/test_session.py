@@ -8,10 +8,10 @@ import threading
 import time
 from pathlib import Path
 
+import docker
 import pytest
 from dockerkit import new_run_id
 
-import docker
 from runner.execute import Events, RunContext, run_plan
 from runner.matrix import load_matrix
 from runner.plan import make_plan

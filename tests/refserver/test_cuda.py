@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import gc
+import os
+
+# before anything initializes CUDA (the skipif below does): the server sets the same in configure_torch
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import numpy as np
 import pytest

@@ -115,3 +115,18 @@ def test_unused_helpers_roundtrip() -> None:
     buf = io.BytesIO()
     img.save(buf, format="PNG")
     assert decode(base64.b64decode(base64.b64encode(buf.getvalue()))).mode == "RGBA"
+
+
+def test_oom_message_matches_pytorch_prefix() -> None:
+    from runner.refserver.memory import AccountedMemory, AccountedOutOfMemory, format_size
+
+    assert format_size(20 * 2**20) == "20.00 MiB" and format_size(24 * 2**30) == "24.00 GiB"
+    mem = AccountedMemory(capacity=2**20)
+    mem.alloc(2**19, "a")
+    with pytest.raises(AccountedOutOfMemory) as exc:
+        mem.alloc(2**20, "b")
+    assert str(exc.value).startswith("CUDA out of memory. Tried to allocate 1024.00 KiB. GPU 0 has a total "
+                                     "capacity of 1024.00 KiB of which 512.00 KiB is free.")
+    with mem.scope():  # the OOM path: a scope frees what was left allocated inside it
+        mem.alloc(100, "c")
+    assert mem.current() == 2**19 and mem.peak() == 2**19 + 100

@@ -1,0 +1,117 @@
+"""Helpers for the provisioning tests: run ansible/provision.yml for real against localhost only.
+
+Every run here uses an inventory whose only host is localhost with ansible_connection=local (or the shipped
+inventory with --limit localhost): nothing is sent to the user's GPU hosts.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+ANSIBLE_DIR = ROOT / "ansible"
+PLAYBOOK = ANSIBLE_DIR / "provision.yml"
+VENV_BIN = Path(sys.executable).parent
+
+
+def tool(name: str) -> str | None:
+    """The venv's copy of an Ansible tool, else one on PATH."""
+    here = VENV_BIN / name
+    return str(here) if here.exists() else shutil.which(name)
+
+
+@dataclass
+class PlaybookResult:
+    status: str
+    rc: int
+    stdout: str
+    failures: list[str] = field(default_factory=list)  # msg of every failed task
+    hosts: set[str] = field(default_factory=set)  # hosts that any task ran on
+    changed: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "successful" and self.rc == 0
+
+
+def local_inventory(path: Path, host_vars: dict[str, Any] | None = None, group: str = "gpu_hosts") -> Path:
+    """An inventory whose one host is this machine, in `group`."""
+    hv = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, **(host_vars or {})}
+    path.write_text(yaml.safe_dump({group: {"hosts": {"localhost": hv}}}))
+    return path
+
+
+def run_playbook(tmp_path: Path, inventory: Path, tags: str, extravars: dict[str, Any] | None = None,
+                 check: bool = False, limit: str | None = None) -> PlaybookResult:
+    """provision.yml through ansible-runner's Python API (the design drives provisioning with ansible-runner)."""
+    import ansible_runner
+
+    pdd = tmp_path / f"runner-{tags}-{len(list(tmp_path.glob('runner-*')))}"
+    pdd.mkdir()
+    cmdline = "--check" if check else None
+    env = {
+        "ANSIBLE_CONFIG": str(ANSIBLE_DIR / "ansible.cfg"),
+        "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-tmp"),
+        "ANSIBLE_NOCOLOR": "1",
+        # The modules run under this interpreter; never let discovery pick a broken shim.
+        "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
+        # ansible-runner starts `ansible-playbook` from PATH: make it this venv's.
+        "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    r = ansible_runner.run(
+        private_data_dir=str(pdd), playbook=str(PLAYBOOK), inventory=str(inventory), tags=tags,
+        extravars=extravars or {}, cmdline=cmdline, limit=limit, quiet=True, envvars=env,
+    )
+    failures, hosts = [], set()
+    for ev in r.events:
+        data = ev.get("event_data", {})
+        if data.get("host"):
+            hosts.add(data["host"])
+        if ev.get("event") == "runner_on_failed" and not data.get("ignore_errors"):
+            res = data.get("res", {})
+            # A failed loop reports "One or more items failed" plus the items: keep the items' messages.
+            items = [x.get("msg", "") for x in res.get("results", []) if x.get("failed")]
+            msgs = items or [res.get("msg", "")]
+            failures.extend(m for m in msgs if m)
+    changed = sum((r.stats or {}).get("changed", {}).values()) if r.stats else 0
+    return PlaybookResult(r.status, r.rc, r.stdout.read(), failures, hosts, changed)
+
+
+def docker_answers() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    try:
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=15).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.fixture
+def inventory(tmp_path: Path):
+    def make(**host_vars: Any) -> Path:
+        return local_inventory(tmp_path / f"inventory-{len(list(tmp_path.glob('inventory-*')))}.yml", host_vars)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> None:
+    if not docker_answers():
+        pytest.skip("no Docker Engine answers on this machine (`docker info`)")
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An ANSIBLE_* variable from the caller's shell must not change what the tests see.
+    for k in list(os.environ):
+        if k.startswith("ANSIBLE_"):
+            monkeypatch.delenv(k)
