@@ -28,6 +28,8 @@ def main() -> int:
     ap.add_argument("--preset", default="h200-24g")
     ap.add_argument("--vram-gib", default="24")
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--backends", default="default,flash,efficient,math",
+                    help="comma list of: default (the engine's own choice), flash, efficient, math")
     args = ap.parse_args()
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -47,6 +49,8 @@ def main() -> int:
         req = GenerationRequest(prompt="shapes on a table", references=(ref,), width=1024, height=1024,
                                 steps=args.steps, seed=2301)
         for name, backend in backends.items():
+            if name not in args.backends.split(","):
+                continue
             pngs = []
             try:
                 for _ in range(3):

@@ -2,7 +2,7 @@
 # Sets up a fresh machine and runs the whole test suite (what CI runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh --dev
 scripts/services.sh
 .venv/bin/ruff check .
 .venv/bin/python -m pytest -q

@@ -15,11 +15,24 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
+
 from runner.records import Peak
 
 
 class SourceUnavailable(Exception):
     """read() could not get a figure; the message is the reason recorded."""
+
+
+def fetch_text(client: httpx.Client, url: str) -> str:
+    """GET a metrics page; a connection error or a non-200 answer is SourceUnavailable with the reason."""
+    try:
+        response = client.get(url)
+    except httpx.HTTPError as exc:
+        raise SourceUnavailable(f"GET {url}: {type(exc).__name__}") from None
+    if response.status_code != 200:
+        raise SourceUnavailable(f"GET {url}: HTTP {response.status_code}")
+    return response.text
 
 
 @dataclass(frozen=True)

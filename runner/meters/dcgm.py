@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from runner.meters.base import PolledMeter, SourceUnavailable
+from runner.meters.base import PolledMeter, SourceUnavailable, fetch_text
 
 MIB = 1 << 20
 FB_FIELDS = {"DCGM_FI_DEV_FB_USED": "used", "DCGM_FI_DEV_FB_FREE": "free", "DCGM_FI_DEV_FB_RESERVED": "reserved"}
@@ -140,14 +140,9 @@ class DcgmMeter(PolledMeter):
         self._lk = threading.Lock()
 
     def read(self) -> int:
+        text = fetch_text(self.client, self.url)
         try:
-            response = self.client.get(self.url)
-        except httpx.HTTPError as exc:
-            raise SourceUnavailable(f"GET {self.url}: {type(exc).__name__}") from None
-        if response.status_code != 200:
-            raise SourceUnavailable(f"GET {self.url}: HTTP {response.status_code}")
-        try:
-            g = select(parse(response.text), self.gpu_spec)
+            g = select(parse(text), self.gpu_spec)
         except ValueError as exc:
             raise SourceUnavailable(f"{self.url}: unparsable exposition ({exc})") from None
         if g.used is None:

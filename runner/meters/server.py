@@ -7,7 +7,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from runner.backends.base import RunningServer
-from runner.meters.base import PolledMeter, SourceUnavailable
+from runner.meters.base import PolledMeter, SourceUnavailable, fetch_text
 
 DEVICE_GAUGES = ("refserver_device_memory_bytes",)
 
@@ -30,13 +30,8 @@ class ServerMetricsMeter(PolledMeter):
         return self.server.base_url + "/metrics"  # read late: a container's port is known only once started
 
     def read(self) -> int:
-        try:
-            response = self.client.get(self.url)
-        except httpx.HTTPError as exc:
-            raise SourceUnavailable(f"GET {self.url}: {type(exc).__name__}") from None
-        if response.status_code != 200:
-            raise SourceUnavailable(f"GET {self.url}: HTTP {response.status_code}")
-        value = gauge_value(response.text, DEVICE_GAUGES)
+        text = fetch_text(self.client, self.url)
+        value = gauge_value(text, DEVICE_GAUGES)
         if value is None:
             raise SourceUnavailable(f"{self.url} exports no device-memory gauge ({', '.join(DEVICE_GAUGES)})")
         return int(value)

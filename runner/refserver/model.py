@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from runner.refserver.config import Preset
 from runner.refserver.memory import DeviceMemory
@@ -78,6 +79,19 @@ def _merge(t: Tensor) -> Tensor:  # (1, h, L, d) -> (1, L, h*d)
     return t.transpose(1, 2).flatten(2)
 
 
+
+# PyTorch's default attention dispatch on an H200 picked a backend whose results vary between identical
+# calls (three identical requests: PSNR ~30 dB between repeats, benchmarks/determinism.py); flash,
+# memory-efficient and math attention each gave byte-identical repeats. CUDA is pinned to those.
+_DETERMINISTIC_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    if q.is_cuda:
+        with sdpa_kernel(_DETERMINISTIC_SDPA):
+            return F.scaled_dot_product_attention(q, k, v)
+    return F.scaled_dot_product_attention(q, k, v)
+
 class Int8Linear(nn.Module):
     """W8A8: int8 weight storage with a per-output-channel scale, activations rounded per token to int8
     levels on the fly (dynamic quantization); both dequantized for the matmul."""
@@ -133,7 +147,7 @@ class Block(nn.Module):
             outs = []
             for s in range(0, n, chunk):
                 with mem.hold(nb(self.heads * min(chunk, n - s) * n), "cond attention scores"):
-                    outs.append(F.scaled_dot_product_attention(q[:, :, s : s + chunk], k, v))
+                    outs.append(attention(q[:, :, s : s + chunk], k, v))
             c = c + self.c_out(_merge(torch.cat(outs, dim=2)))
         parts = []
         for s in range(0, n, chunk):
@@ -150,7 +164,7 @@ class Block(nn.Module):
         scratch = 3 * n * d + 2 * nk * d + self.heads * n * nk + n * d  # qkv, joint K/V, scores, output
         with mem.hold(nb(scratch), "latent attention"):
             q, k, v = self._qkv(self.x_qkv, F.layer_norm(x, (d,)) * (1 + sc1) + sh1, pf, 0 * pf)
-            a = F.scaled_dot_product_attention(q, torch.cat([k_c, k], dim=2), torch.cat([v_c, v], dim=2))
+            a = attention(q, torch.cat([k_c, k], dim=2), torch.cat([v_c, v], dim=2))
             x = x + (1 + g1) * self.x_out(_merge(a))
         with mem.hold(nb(n * d * self.mlp_ratio), "latent mlp hidden"):
             h = F.layer_norm(x, (d,)) * (1 + sc2) + sh2
