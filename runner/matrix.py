@@ -267,7 +267,7 @@ def _run(file: Path, t: _Table, base: Path) -> RunSettings:
         negative_prompt=t.get("negative_prompt", str, None),
         request_timeout_s=float(t.positive("request_timeout_s", (int, float), 600)),
         ready_timeout_s=float(t.positive("ready_timeout_s", (int, float), 900)),
-        results_dir=(base / Path(t.get("results_dir", str, "results")).expanduser()),
+        results_dir=(base / Path(t.get("results_dir", str, "results")).expanduser()).resolve(),
         stop_after_oom=t.get("stop_after_oom", bool, True),
         restarts=restarts,
         determinism_check=t.get("determinism_check", bool, True),
