@@ -17,9 +17,16 @@ import statistics
 import sys
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from runner import __version__
 from runner.errors import UserError
+
+if TYPE_CHECKING:  # imported lazily below: `runner plan` and errors stay fast, no matplotlib/torch at start
+    from runner.execute import RunContext
+    from runner.matrix import Matrix
+    from runner.plan import Plan
+    from runner.store import RunStore
 
 COMMANDS = ("run", "plan", "report", "refserver", "meter")
 
@@ -37,7 +44,7 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _run_doc(matrix, plan, run_id: str, started: float) -> dict:
+def _run_doc(matrix: Matrix, plan: Plan, run_id: str, started: float) -> dict[str, Any]:
     return {
         "run_id": run_id,
         "started_at": started, "started_at_iso": _iso(started),
@@ -52,7 +59,7 @@ def _run_doc(matrix, plan, run_id: str, started: float) -> dict:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from runner.execute import Events, RunContext, rescore_against_cell, run_plan
+    from runner.execute import Events, RunContext, run_plan
     from runner.matrix import load_matrix
     from runner.plan import make_plan
     from runner.progress import ProgressView
@@ -103,8 +110,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             exporter.close()
     finished = dt.datetime.now().timestamp()
     store.write_run({**run_doc, "finished_at": finished, "finished_at_iso": _iso(finished),
-                     "interrupted": interrupted})
-    _finish(store, matrix, rescore=rescore_against_cell, ctx=ctx)
+                     "interrupted": interrupted, "cards": _card_facts(run_doc["cards"], store)})
+    _finish(store, matrix, ctx)
     if interrupted:
         print(f"runner: interrupted; every finished step is in {root} (resume with --resume {root})",
               file=sys.stderr)
@@ -112,7 +119,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _reap_leftovers(matrix, plan) -> None:
+def _card_facts(cards: dict[str, Any], store: RunStore) -> dict[str, Any]:
+    """What the run learned about each card's host: the served image's id and digests, the engine, and the
+    GPU (name, UUID, driver) from the idle baseline — so run.json says what was measured, not only asked."""
+    facts = {name: dict(doc) for name, doc in cards.items()}
+    for session in store.load_sessions():
+        card = facts.setdefault(session.card, {})
+        start = next((s for s in session.starts if s.info), None)
+        if start:
+            for key in ("image_id", "repo_digests", "engine_version", "docker_host"):
+                if start.info.get(key) is not None:
+                    card.setdefault(key, start.info[key])
+        gpu = (session.idle_baseline or {}).get("gpu")
+        if gpu:
+            card.setdefault("gpu_facts", gpu)
+    return facts
+
+
+def _reap_leftovers(matrix: Matrix, plan: Plan) -> None:
     """Containers labelled by an earlier, interrupted run of this runner are removed before this one starts;
     nothing without the runner's label is touched."""
     hosts = {matrix.cards[c].docker_host for lane in plan.lanes for c in lane.cards
@@ -132,13 +156,14 @@ def _reap_leftovers(matrix, plan) -> None:
             print(f"runner: could not check {where} for leftover containers: {exc}", file=sys.stderr)
 
 
-def _finish(store, matrix, rescore=None, ctx=None) -> None:
+def _finish(store: RunStore, matrix: Matrix, ctx: RunContext | None = None) -> None:
     from runner import baseline
+    from runner.execute import rescore_against_cell
     from runner.report import write_report
     from runner.verdict import decide_all
 
-    if rescore and ctx:
-        rescore(ctx)
+    if ctx is not None:
+        rescore_against_cell(ctx)
     steps, sessions = store.load_steps(), store.load_sessions()
     wall = None
     if matrix.baseline and matrix.baseline.directory:

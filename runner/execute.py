@@ -252,7 +252,8 @@ class SessionRunner:
             # exists. A foreign holder stops the session under require_idle_gpu; nothing is ever killed.
             baseline = idle_baseline(self.card)
             idle = idle or baseline.to_json()
-            if (why := baseline.stop_reason(self.run.require_idle_gpu)) is not None:
+            on_gpu = self.card.gpu is not None or bool({"nvml", "sidecar"} & set(self.card.meters))
+            if on_gpu and (why := baseline.stop_reason(self.run.require_idle_gpu)) is not None:
                 notes.append(why)
                 for step in pending:
                     self._skip(step, why)

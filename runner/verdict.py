@@ -14,6 +14,7 @@ import itertools
 import statistics
 from dataclasses import asdict, dataclass
 from enum import StrEnum
+from operator import attrgetter
 from typing import Any
 
 from runner.matrix import VerdictRules
@@ -87,7 +88,7 @@ def _usable(step: StepRecord, rules: VerdictRules) -> str | None:
 
 def summarise(steps: list[StepRecord], rules: VerdictRules) -> list[Cell]:
     cells = []
-    keyfn = lambda s: (s.flags, s.references)  # noqa: E731
+    keyfn = attrgetter("flags", "references")
     for (flags, n), group in itertools.groupby(sorted(steps, key=keyfn), key=keyfn):
         group = list(group)
         problems = [(s, why) for s in group if (why := _usable(s, rules))]

@@ -24,16 +24,20 @@ class ServerMetricsMeter(PolledMeter):
         super().__init__("server", "device", hz)
         self.server = server
         self.client = httpx.Client(timeout=2.0)
+        self.absent: str | None = None  # set once the server answered without any memory gauge
 
     @property
     def url(self) -> str:
         return self.server.base_url + "/metrics"  # read late: a container's port is known only once started
 
     def read(self) -> int:
+        if self.absent:  # a server that answers without the gauge will not grow one: stop asking it
+            raise SourceUnavailable(self.absent)
         text = fetch_text(self.client, self.url)
         value = gauge_value(text, DEVICE_GAUGES)
         if value is None:
-            raise SourceUnavailable(f"{self.url} exports no device-memory gauge ({', '.join(DEVICE_GAUGES)})")
+            self.absent = f"{self.url} exports no device-memory gauge ({', '.join(DEVICE_GAUGES)})"
+            raise SourceUnavailable(self.absent)
         return int(value)
 
     def stop(self) -> None:

@@ -247,3 +247,41 @@ def test_interrupt_keeps_records_and_resume_finishes(tmp_path: Path) -> None:
     assert len(records) == 20 and all(r["status"] == "ok" for r in records)
     # the steps finished before the interrupt were not sent again
     assert f"{len(done) and 20 - len(done)} request(s)" in resumed.stderr or "request(s)" in resumed.stderr
+
+
+def test_openai_images_dialect_and_require_idle_gpu_without_a_way_to_check(tmp_path: Path) -> None:
+    path = matrix(tmp_path, """
+        [servers.images]
+        command = ["{python}", "-m", "runner.refserver", "--port", "{port}", "--preset", "tiny"]
+        dialect = "openai-images"
+
+        [cards.cpu]
+        server = "images"
+        vram_gib = 1
+
+        [cards.gpu]
+        server = "ref"
+        gpu = "0"
+        vram_gib = 24
+        meters = ["nvml", "server"]
+
+        [flags.default]
+        role = "default"
+
+        [matrix]
+        references = [0]
+        """)
+    text = path.read_text().replace("[run]\n", "[run]\nrequire_idle_gpu = true\n", 1)
+    path.write_text(text)
+    proc, run_dir = run(path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    ok = step(run_dir, "cpu/default/refs-0/shapes-seed-1")
+    assert ok["status"] == "ok" and ok["request"]["path"] == "/v1/images/generations"
+    assert ok["scores"]["sanity"]["width"] == 128 and ok["deterministic"] is True
+    # No NVML here: the GPU card cannot be shown idle, so nothing is started on it (and nothing is killed).
+    held = step(run_dir, "gpu/default/refs-0/shapes-seed-1")
+    assert held["status"] == "skipped" and "cannot verify the GPU is idle" in held["skip_reason"]
+    session = json.loads((run_dir / "gpu/default/session.json").read_text())
+    assert session["starts"] == [] and session["idle_baseline"]["available"] is False
+    facts = json.loads((run_dir / "run.json").read_text())["cards"]
+    assert facts["cpu"]["vram_gib"] == 1 and "finished_at" in json.loads((run_dir / "run.json").read_text())
