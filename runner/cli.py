@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # imported lazily below: `runner plan` and errors stay fast, 
     from runner.plan import Plan
     from runner.store import RunStore
 
-COMMANDS = ("run", "plan", "report", "refserver", "meter")
+COMMANDS = ("run", "plan", "report", "compare", "refserver", "meter")
 
 
 def _iso(ts: float | None = None) -> str:
@@ -207,6 +207,16 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from runner.compare import load_summary, render
+
+    text = render(load_summary(Path(args.before)), load_summary(Path(args.after)))
+    if args.out:
+        Path(args.out).write_text(text)
+    print(text, end="")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="runner", description="Benchmark matrix runner for GPU diffusion "
                                      "serving. `runner MATRIX` runs a matrix.")
@@ -226,6 +236,11 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="(re)write report.md, verdict.json and plots of a run")
     report.add_argument("run_dir")
     report.set_defaults(func=cmd_report)
+    compare = sub.add_parser("compare", help="what changed between two runs: verdicts, served cells, peaks, latency")
+    compare.add_argument("before", metavar="RUN_A")
+    compare.add_argument("after", metavar="RUN_B")
+    compare.add_argument("--out", help="also write the markdown to this file")
+    compare.set_defaults(func=cmd_compare)
     sub.add_parser("refserver", help="the reference diffusion server (see `runner refserver --help`)",
                    add_help=False)
     sub.add_parser("meter", help="the NVML meter sidecar for remote GPU hosts", add_help=False)
