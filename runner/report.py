@@ -73,6 +73,10 @@ def plot_session_memory(store: RunStore, session: SessionRecord, steps: list[Ste
     return out
 
 
+def _oom(cell: Cell) -> bool:
+    return not cell.served and ": oom:" in (cell.why_not or "")
+
+
 def plot_capacity(card: str, cells: tuple[Cell, ...], order: list[str], capacity_bytes: float,
                   out: Path) -> Path | None:
     measured = [c for c in cells if c.peak_bytes is not None]
@@ -81,7 +85,10 @@ def plot_capacity(card: str, cells: tuple[Cell, ...], order: list[str], capacity
     div, unit = unit_for(max([c.peak_bytes or 0 for c in measured] + [capacity_bytes]))
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     for flags in order:
-        pts = sorted((c.references, (c.peak_bytes or 0) / div, c.served) for c in measured if c.flags == flags)
+        # An OOM means the demand exceeded the capacity, whatever a sampled meter caught before the failure:
+        # such a point is drawn at least at the capacity line, not at a reading that would look like a drop.
+        pts = sorted((c.references, max(c.peak_bytes or 0, capacity_bytes if _oom(c) else 0) / div, c.served)
+                     for c in measured if c.flags == flags)
         if not pts:
             continue
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=flags)
@@ -92,7 +99,7 @@ def plot_capacity(card: str, cells: tuple[Cell, ...], order: list[str], capacity
     ax.set_xlabel("reference images")
     ax.set_ylabel(f"peak device memory ({unit})")
     ax.set_xticks(sorted({c.references for c in cells}))
-    ax.set_title(f"{card}: peak vs reference count (x = not served)")
+    ax.set_title(f"{card}: peak vs references (x: not served; OOM at ≥ capacity)", fontsize=10)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
