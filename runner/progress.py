@@ -10,6 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from runner.execute import Events
 from runner.records import Status, StepRecord
+from runner.units import fmt_bytes
 
 
 def step_line(r: StepRecord) -> str:
@@ -21,7 +22,7 @@ def step_line(r: StepRecord) -> str:
     peak = r.peak("device")
     parts = [f"ok {r.wall_s:.2f} s"]
     if peak and peak.bytes is not None:
-        parts.append(f"peak {peak.bytes / 2**30:.3f} GiB ({peak.source})")
+        parts.append(f"peak {fmt_bytes(peak.bytes)} ({peak.source})")
     if r.scores and r.scores.psnr_db is not None:
         parts.append(f"PSNR {r.scores.psnr_db:.1f} dB")
     if r.scores and r.scores.sanity.broken:
@@ -69,7 +70,7 @@ class ProgressView(Events):
         self.console.print(step_line(record), highlight=False)
 
     def memory(self, card: str, device_bytes: int | None) -> None:
-        text = "" if device_bytes is None else f"mem {device_bytes / 2**30:.3f} GiB"
+        text = "" if device_bytes is None else f"mem {fmt_bytes(device_bytes)}"
         self.progress.update(self.tasks[card], memory=text)
 
     def lane_done(self, lane: str) -> None:
