@@ -13,6 +13,8 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 if ! docker info >/dev/null 2>&1; then
+  # A dockerd ended with the previous session leaves its pid file behind, and a new one refuses to start.
+  pgrep -x dockerd >/dev/null || rm -f /var/run/docker.pid
   nohup dockerd >/var/log/runner-dockerd.log 2>&1 &
   for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
 fi
