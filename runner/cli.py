@@ -82,7 +82,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         run_doc = _run_doc(matrix, plan, run_id, started)
     store = RunStore(root)
     store.write_run(run_doc)
-    done = frozenset(s.key for s in store.load_steps() if s.status != "skipped") if args.resume else frozenset()
+    # Skipped steps are sent on resume (an interrupt or a restart limit skipped them); done ones are not.
+    done = {s.key: s for s in store.load_steps() if s.status != "skipped"} if args.resume else {}
     print(f"runner: run {run_id}: {len(plan.sessions)} server start(s), {len(plan.steps)} request(s) "
           f"→ {root}", file=sys.stderr)
     _reap_leftovers(matrix, plan)
@@ -98,7 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise UserError(f"--metrics-port {args.metrics_port}: cannot listen on 127.0.0.1: {exc.strerror}") \
                 from None
         events = Fanout(view, exporter)
-    ctx = RunContext(matrix=matrix, plan=plan, store=store, run_id=run_id, events=events, done_keys=done)
+    ctx = RunContext(matrix=matrix, plan=plan, store=store, run_id=run_id, events=events, done=done)
     interrupted = False
     try:
         with view:

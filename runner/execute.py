@@ -53,7 +53,7 @@ class RunContext:
     run_id: str
     events: Events = field(default_factory=Events)
     stop: threading.Event = field(default_factory=threading.Event)
-    done_keys: frozenset[str] = frozenset()  # steps already recorded (resume)
+    done: dict[str, StepRecord] = field(default_factory=dict)  # steps already recorded (resume), by key
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -238,15 +238,21 @@ class SessionRunner:
 
     # -- the session ---------------------------------------------------------------------------------
     def run_session(self) -> SessionRecord:
-        pending = [s for s in self.session.steps if s.key not in self.ctx.done_keys]
-        starts: list[ServerStart] = []
-        session_peaks: list[Peak] = []
-        provenance: list[dict] = []
-        notes: list[str] = []
-        oom_at: int | None = None
-        attempt = 0
+        pending = [s for s in self.session.steps if s.key not in self.ctx.done]
+        # On resume the session's earlier starts stay in its record, and an OOM already recorded still
+        # implies the larger reference counts.
+        prior = self.ctx.store.load_session(self.session.key)
+        starts: list[ServerStart] = list(prior.starts) if prior else []
+        session_peaks: list[Peak] = list(prior.session_peaks) if prior else []
+        provenance: list[dict] = list(prior.meters) if prior else []
+        notes: list[str] = [*prior.notes, f"resumed with {len(pending)} step(s) to send"] if prior else []
+        idle: dict = dict(prior.idle_baseline) if prior else {}
+        ooms = [r.references for s in self.session.steps if (r := self.ctx.done.get(s.key))
+                and r.failure and r.failure.kind == FailureClass.OOM]
+        oom_at: int | None = min(ooms) if ooms and self.run.stop_after_oom else None
+        attempt = len(starts)  # numbers server starts (and their log files) across resumes
+        restarts_used = 0
         first_step = True
-        idle: dict = {}
         while pending and not self.ctx.stop.is_set():
             # Whole-device meters include every process on the GPU: take the baseline before our server
             # exists. A foreign holder stops the session under require_idle_gpu; nothing is ever killed.
@@ -324,11 +330,12 @@ class SessionRunner:
                 pending = []
                 break
             if restart:
-                if attempt >= self.run.restarts:
+                if restarts_used >= self.run.restarts:
                     for step in pending:
                         self._skip(step, f"server died and {self.run.restarts} restart(s) were used")
                     pending = []
                     break
+                restarts_used += 1
                 attempt += 1
         for step in pending:  # interrupted
             self._skip(step, "run interrupted")

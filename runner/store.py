@@ -82,6 +82,10 @@ class RunStore:
         return [SessionRecord.from_json(json.loads(p.read_text()))
                 for p in sorted(self.root.glob("*/*/session.json"))]
 
+    def load_session(self, session_key: str) -> SessionRecord | None:
+        path = self.session_dir(session_key) / "session.json"
+        return SessionRecord.from_json(json.loads(path.read_text())) if path.exists() else None
+
     def load_run(self) -> dict[str, Any]:
         return json.loads((self.root / "run.json").read_text())
 

@@ -245,6 +245,10 @@ def test_interrupt_keeps_records_and_resume_finishes(tmp_path: Path) -> None:
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     records = [json.loads(p.read_text()) for p in run_dir.glob("roomy/default/refs-*/*.json")]
     assert len(records) == 20 and all(r["status"] == "ok" for r in records)
+    session = json.loads((run_dir / "roomy/default/session.json").read_text())
+    assert [s["attempt"] for s in session["starts"]] == [0, 1]  # the first run's start is kept
+    assert any(n.startswith("resumed with") for n in session["notes"])
+    assert (run_dir / "roomy/default/server.1.log").is_file()
     # the steps finished before the interrupt were not sent again
     assert f"{len(done) and 20 - len(done)} request(s)" in resumed.stderr or "request(s)" in resumed.stderr
 
