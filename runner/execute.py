@@ -14,6 +14,7 @@ import socket
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -238,117 +239,139 @@ class SessionRunner:
 
     # -- the session ---------------------------------------------------------------------------------
     def run_session(self) -> SessionRecord:
-        pending = [s for s in self.session.steps if s.key not in self.ctx.done]
-        # On resume the session's earlier starts stay in its record, and an OOM already recorded still
-        # implies the larger reference counts.
-        prior = self.ctx.store.load_session(self.session.key)
-        starts: list[ServerStart] = list(prior.starts) if prior else []
-        session_peaks: list[Peak] = list(prior.session_peaks) if prior else []
-        provenance: list[dict] = list(prior.meters) if prior else []
-        notes: list[str] = [*prior.notes, f"resumed with {len(pending)} step(s) to send"] if prior else []
-        idle: dict = dict(prior.idle_baseline) if prior else {}
+        pending = deque(s for s in self.session.steps if s.key not in self.ctx.done)
+        log = _SessionLog.resume(self.ctx.store.load_session(self.session.key), len(pending))
+        # An OOM already recorded (resume) still implies the larger reference counts.
         ooms = [r.references for s in self.session.steps if (r := self.ctx.done.get(s.key))
                 and r.failure and r.failure.kind == FailureClass.OOM]
-        oom_at: int | None = min(ooms) if ooms and self.run.stop_after_oom else None
-        attempt = len(starts)  # numbers server starts (and their log files) across resumes
+        self.oom_at = min(ooms) if ooms and self.run.stop_after_oom else None
+        self.first_step = True
+        attempt = len(log.starts)  # numbers server starts (and their log files) across resumes
         restarts_used = 0
-        first_step = True
         while pending and not self.ctx.stop.is_set():
-            # Whole-device meters include every process on the GPU: take the baseline before our server
-            # exists. A foreign holder stops the session under require_idle_gpu; nothing is ever killed.
-            baseline = idle_baseline(self.card)
-            idle = idle or baseline.to_json()
-            on_gpu = self.card.gpu is not None or bool({"nvml", "sidecar"} & set(self.card.meters))
-            if on_gpu and (why := baseline.stop_reason(self.run.require_idle_gpu)) is not None:
-                notes.append(why)
-                for step in pending:
-                    self._skip(step, why)
-                pending = []
+            if (why := self._gpu_not_idle(log)) is not None:
+                log.notes.append(why)
+                self._skip_all(pending, why)
                 break
-            spec = server_spec(self.ctx, self.card, self.flags, attempt)
-            server = backends.create(self.card.backend, spec)
-            meters = build_meters(self.card, server, self.run.sample_hz)
-            self.ctx.events.session_started(self.card.name, self.flags.name, attempt)
-            t_start = time.time()
-            for m in meters:
-                m.start()
-            failure: Failure | None = None
-            ready_s: float | None = None
-            restart = False
-            ticker = _MemoryTicker(self.ctx.events, self.card.name, meters)
-            ticker.start()
-            try:
-                try:
-                    server.start()
-                    ready_s = server.wait_ready(self.run.ready_timeout_s)
-                except StartFailed as exc:
-                    failure = exc.failure
-                except Exception as exc:  # the backend itself failed (engine unreachable, bad image...)
-                    failure = Failure(FailureClass.LOAD_EXIT, f"{type(exc).__name__}: {exc}"[:500])
-                    server.stop()
-                t_ready = time.time()
-                self.ctx.events.session_ready(self.card.name, self.flags.name, ready_s)
-                if failure is None:
-                    with httpx.Client() as client:
-                        while pending and not self.ctx.stop.is_set():
-                            step = pending.pop(0)
-                            if oom_at is not None and step.references > oom_at:
-                                self._skip(step, f"implied by an out-of-memory at {oom_at} reference(s) "
-                                                 f"in this session")
-                                continue
-                            record, png = self.execute(client, server, meters, step, attempt,
-                                                       first_step and self.run.determinism_check)
-                            first_step = False
-                            self._emit(record, png)
-                            if record.failure and record.failure.kind == FailureClass.OOM \
-                                    and self.run.stop_after_oom:
-                                oom_at = step.references if oom_at is None else min(oom_at, step.references)
-                            if record.lost or server.exited() is not None:
-                                restart = True
-                                notes.append(f"server lost during {step.key} "
-                                             f"({record.failure.kind if record.failure else 'exit'})")
-                                break
-            finally:
-                ticker.stop()
-                server.stop()
-                t_end = time.time()
-                for m in meters:
-                    m.stop()
-                load_peaks = tuple(m.window_peak(t_start, t_ready) for m in meters)
-                session_peaks.extend(m.window_peak(t_start, t_end) for m in meters)
-                provenance.extend({**m.provenance(), "attempt": attempt} for m in meters)
-                starts.append(ServerStart(attempt=attempt, started_at=t_start,
-                                          ready_s=None if ready_s is None else round(ready_s, 3),
-                                          failure=failure, stopped_at=t_end, load_peaks=load_peaks,
-                                          info={**server.info(), "log": spec.log_path.name}))
-                self.ctx.store.write_memory(self.session.key,
-                                            (x for m in meters for x in (m.series(), *m.extra_series())), attempt)
-                self._write(starts, session_peaks, provenance, notes, idle)
+            failure, lost = self._serve(attempt, pending, log)
             if failure is not None:
-                for step in pending:
-                    self._skip(step, f"server did not start: {failure.kind}")
-                pending = []
+                self._skip_all(pending, f"server did not start: {failure.kind}")
                 break
-            if restart:
-                if restarts_used >= self.run.restarts:
-                    for step in pending:
-                        self._skip(step, f"server died and {self.run.restarts} restart(s) were used")
-                    pending = []
-                    break
+            if lost and restarts_used >= self.run.restarts:
+                self._skip_all(pending, f"server died and {self.run.restarts} restart(s) were used")
+                break
+            if lost:
                 restarts_used += 1
                 attempt += 1
-        for step in pending:  # interrupted
-            self._skip(step, "run interrupted")
-        return self._write(starts, session_peaks, provenance, notes, idle)
+        self._skip_all(pending, "run interrupted")
+        return self._write(log)
 
-    def _write(self, starts: list[ServerStart], peaks: list[Peak], provenance: list[dict],
-               notes: list[str], idle: dict) -> SessionRecord:
+    def _gpu_not_idle(self, log: _SessionLog) -> str | None:
+        """Whole-device meters include every process on the GPU: the baseline is taken before our server
+        exists. A foreign holder stops the session under require_idle_gpu; nothing is ever killed."""
+        baseline = idle_baseline(self.card)
+        log.idle = log.idle or baseline.to_json()
+        on_gpu = self.card.gpu is not None or bool({"nvml", "sidecar"} & set(self.card.meters))
+        return baseline.stop_reason(self.run.require_idle_gpu) if on_gpu else None
+
+    def _serve(self, attempt: int, pending: deque[Step], log: _SessionLog) -> tuple[Failure | None, bool]:
+        """One server start: start it, wait until ready, send pending steps until none are left, the run
+        stops, or the server is lost. Returns (start failure, lost). Always stops the server."""
+        spec = server_spec(self.ctx, self.card, self.flags, attempt)
+        server = backends.create(self.card.backend, spec)
+        meters = build_meters(self.card, server, self.run.sample_hz)
+        self.ctx.events.session_started(self.card.name, self.flags.name, attempt)
+        t_start = time.time()
+        for m in meters:
+            m.start()
+        ticker = _MemoryTicker(self.ctx.events, self.card.name, meters)
+        ticker.start()
+        failure: Failure | None = None
+        ready_s: float | None = None
+        lost = False
+        t_ready = t_start
+        try:
+            try:
+                server.start()
+                ready_s = server.wait_ready(self.run.ready_timeout_s)
+            except StartFailed as exc:
+                failure = exc.failure
+            except Exception as exc:  # the backend itself failed (engine unreachable, bad image...)
+                failure = Failure(FailureClass.LOAD_EXIT, f"{type(exc).__name__}: {exc}"[:500])
+                server.stop()
+            t_ready = time.time()
+            self.ctx.events.session_ready(self.card.name, self.flags.name, ready_s)
+            if failure is None:
+                lost = self._send_steps(server, meters, attempt, pending, log)
+        finally:
+            ticker.stop()
+            server.stop()
+            t_end = time.time()
+            for m in meters:
+                m.stop()
+            log.peaks.extend(m.window_peak(t_start, t_end) for m in meters)
+            log.meters.extend({**m.provenance(), "attempt": attempt} for m in meters)
+            log.starts.append(ServerStart(attempt=attempt, started_at=t_start,
+                                          ready_s=None if ready_s is None else round(ready_s, 3),
+                                          failure=failure, stopped_at=t_end,
+                                          load_peaks=tuple(m.window_peak(t_start, t_ready) for m in meters),
+                                          info={**server.info(), "log": spec.log_path.name}))
+            self.ctx.store.write_memory(self.session.key,
+                                        (x for m in meters for x in (m.series(), *m.extra_series())), attempt)
+            self._write(log)
+        return failure, lost
+
+    def _send_steps(self, server: RunningServer, meters: list[Meter], attempt: int, pending: deque[Step],
+                    log: _SessionLog) -> bool:
+        """Steps one at a time against a ready server; True when the server was lost (died or hung)."""
+        with httpx.Client() as client:
+            while pending and not self.ctx.stop.is_set():
+                step = pending.popleft()
+                if self.oom_at is not None and step.references > self.oom_at:
+                    self._skip(step, f"implied by an out-of-memory at {self.oom_at} reference(s) in this session")
+                    continue
+                record, png = self.execute(client, server, meters, step, attempt,
+                                           self.first_step and self.run.determinism_check)
+                self.first_step = False
+                self._emit(record, png)
+                if record.failure and record.failure.kind == FailureClass.OOM and self.run.stop_after_oom:
+                    self.oom_at = step.references if self.oom_at is None else min(self.oom_at, step.references)
+                if record.lost or server.exited() is not None:
+                    log.notes.append(f"server lost during {step.key} "
+                                     f"({record.failure.kind if record.failure else 'exit'})")
+                    return True
+        return False
+
+    def _skip_all(self, pending: deque[Step], reason: str) -> None:
+        while pending:
+            self._skip(pending.popleft(), reason)
+
+    def _write(self, log: _SessionLog) -> SessionRecord:
         record = SessionRecord(key=self.session.key, card=self.card.name, flags=self.flags.name,
-                               role=self.flags.role, backend=self.card.backend, starts=tuple(starts),
-                               session_peaks=_max_by_source(peaks), meters=tuple(provenance),
-                               idle_baseline=idle, log="server.log", notes=tuple(notes))
+                               role=self.flags.role, backend=self.card.backend, starts=tuple(log.starts),
+                               session_peaks=_max_by_source(log.peaks), meters=tuple(log.meters),
+                               idle_baseline=log.idle, log="server.log", notes=tuple(log.notes))
         self.ctx.store.write_session(record)
         return record
+
+
+@dataclass
+class _SessionLog:
+    """What a session has recorded so far; it grows while the session runs and is written as a
+    SessionRecord after every server start. On resume it starts from the earlier record."""
+
+    starts: list[ServerStart] = field(default_factory=list)
+    peaks: list[Peak] = field(default_factory=list)
+    meters: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    idle: dict = field(default_factory=dict)
+
+    @classmethod
+    def resume(cls, prior: SessionRecord | None, pending: int) -> _SessionLog:
+        if prior is None:
+            return cls()
+        return cls(list(prior.starts), list(prior.session_peaks), list(prior.meters),
+                   [*prior.notes, f"resumed with {pending} step(s) to send"], dict(prior.idle_baseline))
 
 
 def _with_response_peak(peaks: list[Peak], peak_mb: float | None) -> tuple[Peak, ...]:
