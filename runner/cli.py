@@ -6,18 +6,13 @@ Bad input ends as one line on stderr and exit code 2; an interrupted run keeps e
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import json
-import os
-import platform
 import re
-import socket
 import statistics
 import sys
-from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from runner import __version__
 from runner.errors import UserError
@@ -31,34 +26,8 @@ if TYPE_CHECKING:  # imported lazily below: `runner plan` and errors stay fast, 
 COMMANDS = ("run", "plan", "report", "compare", "refserver", "meter")
 
 
-def _iso(ts: float | None = None) -> str:
-    return dt.datetime.fromtimestamp(ts if ts is not None else dt.datetime.now().timestamp(),
-                                     dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _versions() -> dict[str, str]:
-    out = {}
-    for name in ("docker", "httpx", "numpy", "pillow", "scikit-image", "nvidia-ml-py", "torch", "fastapi"):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            out[name] = metadata.version(name)
-    return out
-
-
-def _run_doc(matrix: Matrix, plan: Plan, run_id: str, started: float) -> dict[str, Any]:
-    return {
-        "run_id": run_id,
-        "started_at": started, "started_at_iso": _iso(started),
-        "matrix": {"path": str(matrix.path), "sha256": matrix.sha256, "text": matrix.text},
-        "runner": {"version": __version__, "python": platform.python_version(), "packages": _versions()},
-        "host": {"hostname": socket.gethostname(), "platform": platform.platform(), "cpus": os.cpu_count()},
-        "cards": {name: {"vram_gib": c.vram_gib, "backend": c.backend, "docker_host": c.docker_host,
-                         "gpu": c.gpu, "server": c.server, "image": matrix.servers[c.server].image,
-                         "meters": list(c.meters)} for name, c in matrix.cards.items()},
-        "plan": {"lanes": len(plan.lanes), "steps": len(plan.steps), "sessions": [s.key for s in plan.sessions]},
-    }
-
-
 def cmd_run(args: argparse.Namespace) -> int:
+    from runner import runinfo
     from runner.execute import Events, RunContext, run_plan
     from runner.matrix import load_matrix
     from runner.plan import make_plan
@@ -77,9 +46,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise UserError(f"{args.matrix}: matrix changed since run {run_doc['run_id']} (sha256 differs)")
         run_id = run_doc["run_id"]
     else:
-        run_id = re.sub(r"[^a-zA-Z0-9_.-]+", "-", matrix.run.name) + "-" + _iso(started).replace(":", "")
+        run_id = re.sub(r"[^a-zA-Z0-9_.-]+", "-", matrix.run.name) + "-" + runinfo.iso_time(started).replace(":", "")
         root = (Path(args.results) if args.results else matrix.run.results_dir) / run_id
-        run_doc = _run_doc(matrix, plan, run_id, started)
+        run_doc = runinfo.run_doc(matrix, plan, run_id, started)
     store = RunStore(root)
     store.write_run(run_doc)
     # Skipped steps are sent on resume (an interrupt or a restart limit skipped them); done ones are not.
@@ -110,31 +79,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         if exporter:
             exporter.close()
     finished = dt.datetime.now().timestamp()
-    store.write_run({**run_doc, "finished_at": finished, "finished_at_iso": _iso(finished),
-                     "interrupted": interrupted, "cards": _card_facts(run_doc["cards"], store)})
+    store.write_run({**run_doc, "finished_at": finished, "finished_at_iso": runinfo.iso_time(finished),
+                     "interrupted": interrupted, "cards": runinfo.card_facts(run_doc["cards"], store)})
     _finish(store, matrix, ctx)
     if interrupted:
         print(f"runner: interrupted; every finished step is in {root} (resume with --resume {root})",
               file=sys.stderr)
         return 130
     return 0
-
-
-def _card_facts(cards: dict[str, Any], store: RunStore) -> dict[str, Any]:
-    """What the run learned about each card's host: the served image's id and digests, the engine, and the
-    GPU (name, UUID, driver) from the idle baseline — so run.json says what was measured, not only asked."""
-    facts = {name: dict(doc) for name, doc in cards.items()}
-    for session in store.load_sessions():
-        card = facts.setdefault(session.card, {})
-        start = next((s for s in session.starts if s.info), None)
-        if start:
-            for key in ("image_id", "repo_digests", "engine_version", "docker_host"):
-                if start.info.get(key) is not None:
-                    card.setdefault(key, start.info[key])
-        gpu = (session.idle_baseline or {}).get("gpu")
-        if gpu:
-            card.setdefault("gpu_facts", gpu)
-    return facts
 
 
 def _reap_leftovers(matrix: Matrix, plan: Plan) -> None:

@@ -1,0 +1,62 @@
+"""run.json: what was asked (the matrix, its hash, the plan) and what was found (versions, hosts, images,
+GPUs), so a result can be reproduced and trusted later."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import platform
+import socket
+from importlib import metadata
+from typing import Any
+
+from runner import __version__
+from runner.matrix import Matrix
+from runner.plan import Plan
+from runner.store import RunStore
+
+
+def iso_time(ts: float | None = None) -> str:
+    return dt.datetime.fromtimestamp(ts if ts is not None else dt.datetime.now().timestamp(),
+                                     dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def package_versions() -> dict[str, str]:
+    out = {}
+    for name in ("docker", "httpx", "numpy", "pillow", "scikit-image", "nvidia-ml-py", "torch", "fastapi"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[name] = metadata.version(name)
+    return out
+
+
+def run_doc(matrix: Matrix, plan: Plan, run_id: str, started: float) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "started_at": started, "started_at_iso": iso_time(started),
+        "matrix": {"path": str(matrix.path), "sha256": matrix.sha256, "text": matrix.text},
+        "runner": {"version": __version__, "python": platform.python_version(),
+                   "packages": package_versions()},
+        "host": {"hostname": socket.gethostname(), "platform": platform.platform(), "cpus": os.cpu_count()},
+        "cards": {name: {"vram_gib": c.vram_gib, "backend": c.backend, "docker_host": c.docker_host,
+                         "gpu": c.gpu, "server": c.server, "image": matrix.servers[c.server].image,
+                         "meters": list(c.meters)} for name, c in matrix.cards.items()},
+        "plan": {"lanes": len(plan.lanes), "steps": len(plan.steps), "sessions": [s.key for s in plan.sessions]},
+    }
+
+
+def card_facts(cards: dict[str, Any], store: RunStore) -> dict[str, Any]:
+    """What the run learned about each card's host: the served image's id and digests, the engine, and the
+    GPU (name, UUID, driver) from the idle baseline — so run.json says what was measured, not only asked."""
+    facts = {name: dict(doc) for name, doc in cards.items()}
+    for session in store.load_sessions():
+        card = facts.setdefault(session.card, {})
+        start = next((s for s in session.starts if s.info), None)
+        if start:
+            for key in ("image_id", "repo_digests", "engine_version", "docker_host"):
+                if start.info.get(key) is not None:
+                    card.setdefault(key, start.info[key])
+        gpu = (session.idle_baseline or {}).get("gpu")
+        if gpu:
+            card.setdefault("gpu_facts", gpu)
+    return facts
