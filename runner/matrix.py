@@ -331,6 +331,10 @@ def _card(file: Path, name: str, t: _Table, servers: Mapping[str, ServerProfile]
         dcgm_url=t.get("dcgm_url", str, None), prometheus_url=t.get("prometheus_url", str, None),
         sidecar_url=t.get("sidecar_url", str, None),
     )
+    remote = bool(docker_host) and docker_host.startswith(("ssh://", "tcp://"))
+    if backend == "docker" and remote and card.publish_host in ("127.0.0.1", "localhost", "::1"):
+        raise t.err("publish_host", f"is {card.publish_host!r} but docker_host {docker_host!r} is another machine: "
+                                    "the runner could not reach the server; use the host's address (or '0.0.0.0')")
     for meter, url in (("dcgm", card.dcgm_url), ("prometheus", card.prometheus_url),
                        ("sidecar", card.sidecar_url)):
         if meter in meters and not url:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -125,3 +126,10 @@ def test_baseline_cell_per_card(matrix_dir: Path) -> None:
     assert m.baseline.cell == (None, "host-cache")
     assert [s.flags for s in make_plan(m).sessions] == ["host-cache", "default"]
     assert "each card's own 'host-cache'" in describe(make_plan(m), m)
+
+
+def test_remote_docker_card_must_publish_where_the_runner_can_reach(matrix_dir: Path) -> None:
+    path = edit(matrix_dir, 'command = ["{python}"', 'image = "img:1"\ncommand = ["{python}"')
+    path = edit(matrix_dir, 'vram_gib = 0.5', 'vram_gib = 0.5\nbackend = "docker"\ndocker_host = "ssh://u@10.0.0.9"')
+    with pytest.raises(UserError, match=re.escape("key 'cards.small.publish_host' is '127.0.0.1' but docker_host")):
+        load_matrix(path)
