@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # imported lazily below: `runner plan` and errors stay fast, 
     from runner.plan import Plan
     from runner.store import RunStore
 
-COMMANDS = ("run", "plan", "report", "compare", "refserver", "meter")
+COMMANDS = ("run", "plan", "report", "compare", "provision", "refserver", "meter")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -196,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.set_defaults(func=cmd_compare)
     sub.add_parser("refserver", help="the reference diffusion server (see `runner refserver --help`)",
                    add_help=False)
+    sub.add_parser("provision", help="provision the GPU hosts with ansible/provision.yml (ansible-runner)",
+                   add_help=False)
     sub.add_parser("meter", help="the NVML meter sidecar for remote GPU hosts", add_help=False)
     return parser
 
@@ -206,6 +208,10 @@ def main(argv: list[str] | None = None) -> int:
         from runner.refserver.cli import main as refserver_main
 
         return refserver_main(argv[1:])
+    if argv and argv[0] == "provision":
+        from runner.provision import main as provision_main
+
+        return provision_main(argv[1:])
     if argv and argv[0] == "meter":
         from runner.meters.sidecar import main as meter_main
 

@@ -1,0 +1,50 @@
+"""`runner provision`: ansible/provision.yml through ansible-runner (the same playbook `ansible-playbook`
+runs), so provisioning and the run share one tool and one virtual environment."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="runner provision", description="Provision the GPU hosts: driver/CUDA and "
+                                "toolkit checks, the pinned serving image, asset digests, meters, monitoring.")
+    p.add_argument("--playbook", type=Path, default=REPO / "ansible" / "provision.yml")
+    p.add_argument("-i", "--inventory", default=str(REPO / "ansible" / "inventory.yml"),
+                   help="inventory file or a host list such as 'localhost,' (default: ansible/inventory.yml)")
+    p.add_argument("-t", "--tags", help="roles to run: preflight, docker, serving_image, assets, meters, monitoring")
+    p.add_argument("-l", "--limit", help="hosts to run on, e.g. rtx3090")
+    p.add_argument("--check", action="store_true", help="dry run: report what would change, change nothing")
+    p.add_argument("-e", "--extra-var", action="append", default=[], metavar="KEY=VALUE")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not args.playbook.is_file():
+        print(f"runner: error: playbook not found: {args.playbook}", file=sys.stderr)
+        return 2
+    extravars = {}
+    for item in args.extra_var:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            print(f"runner: error: --extra-var must be KEY=VALUE, got {item!r}", file=sys.stderr)
+            return 2
+        extravars[key] = value
+    import ansible_runner
+
+    venv_bin = str(Path(sys.executable).parent)
+    env = {"ANSIBLE_CONFIG": str(args.playbook.parent / "ansible.cfg"),
+           "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}"}  # this venv's ansible-playbook
+    with tempfile.TemporaryDirectory(prefix="runner-provision-") as pdd:
+        result = ansible_runner.run(private_data_dir=pdd, playbook=str(args.playbook), inventory=args.inventory,
+                                    tags=args.tags, limit=args.limit, extravars=extravars,
+                                    cmdline="--check" if args.check else None, envvars=env)
+    print(f"runner provision: {result.status} (rc {result.rc})", file=sys.stderr)
+    return int(result.rc or 0) if result.status == "successful" else int(result.rc or 1)
