@@ -50,7 +50,27 @@ def exported_names() -> set[str]:
     finally:
         sidecar.stop()
     names |= {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
+    names |= runner_exporter_names()
     return names
+
+
+def runner_exporter_names() -> set[str]:
+    """What `runner MATRIX --metrics-port` serves, from a real exporter fed one finished step."""
+    from runner.execute import free_port
+    from runner.exporter import RunExporter
+    from runner.records import Peak, Status, StepRecord
+
+    port = free_port()
+    exporter = RunExporter("r", port)
+    try:
+        exporter.memory("c", 1)
+        exporter.step_done(StepRecord(key="c/f/refs-1/x-seed-1", card="c", flags="f", role="default", fixture="x",
+                                      references=1, seed=1, status=Status.OK, wall_s=1.0,
+                                      peaks=(Peak("nvml", "device", 1, 1, 1.0, True),)))
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    finally:
+        exporter.close()
+    return {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
 def queries(dashboard: dict) -> list[str]:
