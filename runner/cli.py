@@ -121,8 +121,12 @@ def _finish(store: RunStore, matrix: Matrix, ctx: RunContext | None = None) -> N
     wall = None
     if matrix.baseline and matrix.baseline.directory:
         target = matrix.verdict.target_references
-        walls = [s.wall_s for s in baseline.load_samples(matrix.baseline.directory)
-                 if s.wall_s and s.references in (target, None)]
+        try:
+            samples = baseline.load_samples(matrix.baseline.directory)
+        except UserError as exc:  # the report still comes out; only the baseline's latency is missing
+            print(f"runner: warning: {exc}", file=sys.stderr)
+            samples = []
+        walls = [s.wall_s for s in samples if s.wall_s and s.references in (target, None)]
         wall = statistics.fmean(walls) if walls else None
     verdicts = decide_all(steps, sessions, matrix.verdict, list(dict.fromkeys(s.card for s in steps)), wall)
     report = write_report(store, verdicts)
@@ -151,11 +155,12 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise UserError(f"{root}: not a run directory (no run.json)")
     store = RunStore(root)
     doc = store.load_run()
-    # The verdict is recomputed from the matrix text stored in the run, not from a file that may have moved.
+    # The verdict is recomputed from the matrix text stored in the run (the file may have changed since),
+    # with relative paths resolved from where the matrix was.
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "matrix.toml"
         copy.write_text(doc["matrix"]["text"])
-        matrix = load_matrix(copy, check_files=False)
+        matrix = load_matrix(copy, check_files=False, base=Path(doc["matrix"]["path"]).resolve().parent)
     _finish(store, matrix)
     return 0
 

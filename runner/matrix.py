@@ -439,7 +439,8 @@ def _named_tables(file: Path, root: _Table, key: str) -> dict[str, _Table]:
     return tables
 
 
-def load_matrix(path: str | Path, *, check_files: bool = True) -> Matrix:
+def load_matrix(path: str | Path, *, check_files: bool = True, base: Path | None = None) -> Matrix:
+    """`base` is the folder relative paths start from (default: the file's own folder)."""
     file = Path(path)
     try:
         raw = file.read_bytes()
@@ -450,7 +451,7 @@ def load_matrix(path: str | Path, *, check_files: bool = True) -> Matrix:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{file}: TOML syntax error: {exc}") from None
-    base = file.resolve().parent
+    base = base or file.resolve().parent
     root = _Table(file, "", data)
 
     run = _run(file, root.sub("run"), base)

@@ -34,7 +34,7 @@ def run_doc(matrix: Matrix, plan: Plan, run_id: str, started: float) -> dict[str
     return {
         "run_id": run_id,
         "started_at": started, "started_at_iso": iso_time(started),
-        "matrix": {"path": str(matrix.path), "sha256": matrix.sha256, "text": matrix.text},
+        "matrix": {"path": str(matrix.path.resolve()), "sha256": matrix.sha256, "text": matrix.text},
         "runner": {"version": __version__, "python": platform.python_version(),
                    "packages": package_versions()},
         "host": {"hostname": socket.gethostname(), "platform": platform.platform(), "cpus": os.cpu_count()},

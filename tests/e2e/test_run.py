@@ -46,6 +46,7 @@ def matrix(tmp: Path, body: str, *, seeds: str = "[1]", request_timeout: int = 3
         prompt = "shapes on a table"
         references = {json.dumps(REFS)}
         """) + textwrap.dedent(body)
+    tmp.mkdir(parents=True, exist_ok=True)
     path = tmp / "matrix.toml"
     path.write_text(text)
     return path
@@ -292,3 +293,42 @@ def test_openai_images_dialect_and_require_idle_gpu_without_a_way_to_check(tmp_p
     assert session["starts"] == [] and session["idle_baseline"]["available"] is False
     facts = json.loads((run_dir / "run.json").read_text())["cards"]
     assert facts["cpu"]["vram_gib"] == 1 and "finished_at" in json.loads((run_dir / "run.json").read_text())
+
+
+def test_sealed_baseline_directory_scores_each_step_and_report_reruns(tmp_path: Path) -> None:
+    body = """
+        [cards.roomy]
+        server = "ref"
+        vram_mib = 64
+
+        [flags.default]
+        role = "default"
+
+        [matrix]
+        references = [1, 2]
+        """
+    first, first_dir = run(matrix(tmp_path / "a", body))
+    assert first.returncode == 0, first.stderr[-2000:]
+    # Seal the first run's images as a baseline folder, the way the seed's Diffusers attempt is laid out.
+    sealed = tmp_path / "b" / "sealed"
+    sealed.mkdir(parents=True)
+    samples = []
+    for n in (1, 2):
+        key = f"roomy/default/refs-{n}/shapes-seed-1"
+        (sealed / f"shapes-{n}r-1.png").write_bytes((first_dir / f"{key}.png").read_bytes())
+        samples.append({"fixture": "shapes", "references": n, "seed": 1, "file": f"shapes-{n}r-1.png",
+                        "wall_s": 80.0})
+    (sealed / "samples.json").write_text(json.dumps({"samples": samples}))
+    second_path = matrix(tmp_path / "b", body.replace("[matrix]", '[baseline]\ndir = "sealed"\n\n[matrix]'))
+    second, run_dir = run(second_path)
+    assert second.returncode == 0, second.stderr[-2000:]
+    scored = step(run_dir, "roomy/default/refs-2/shapes-seed-1")["scores"]
+    assert scored["baseline"] == str((sealed / "shapes-2r-1.png").resolve()) and scored["psnr_db"] == 100.0
+    verdict = json.loads((run_dir / "verdict.json").read_text())["verdicts"][0]
+    assert verdict["world"] == "fits-resident"
+    # `runner report` rebuilds everything from the records and the matrix text stored in run.json
+    (run_dir / "report.md").unlink()
+    again = subprocess.run([sys.executable, "-m", "runner", "report", str(run_dir)], capture_output=True, text=True,
+                           timeout=120, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "fits-resident" in (run_dir / "report.md").read_text() and "warning" not in again.stderr
