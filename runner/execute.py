@@ -15,7 +15,6 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -103,15 +102,22 @@ class References:
     """Reference images read once per run, in order, with their digests for the record."""
 
     def __init__(self) -> None:
-        self._cache: dict[Path, tuple[str, bytes]] = {}
+        self._cache: dict[Path, tuple[str, bytes, str]] = {}
         self._lock = threading.Lock()
 
-    def get(self, path: Path) -> tuple[str, bytes]:
+    def _load(self, path: Path) -> tuple[str, bytes, str]:
         with self._lock:
             if path not in self._cache:
                 data = path.read_bytes()
-                self._cache[path] = (_mime(data), data)
+                self._cache[path] = (_mime(data), data, hashlib.sha256(data).hexdigest()[:16])
             return self._cache[path]
+
+    def get(self, path: Path) -> tuple[str, bytes]:
+        mime, data, _ = self._load(path)
+        return mime, data
+
+    def digest(self, path: Path) -> str:
+        return self._load(path)[2]
 
 
 class Baselines:
@@ -126,10 +132,6 @@ class Baselines:
         if sample is None:
             return None, None
         return str(sample.file), scoring.decode(sample.file.read_bytes())
-
-    def wall_s(self, step: Step) -> float | None:
-        sample = baseline.find(self.samples, step.fixture, step.references, step.seed)
-        return sample.wall_s if sample else None
 
 
 class SessionRunner:
@@ -208,9 +210,8 @@ class SessionRunner:
                                     parsed.server_peak_mb if parsed else None)
         request = {"dialect": self.profile.dialect, "path": call.path, "steps": self.run.steps,
                    "size": list(self.run.size) if self.run.size else None, "seed": step.seed,
-                   "references": [hashlib.sha256(r[1]).hexdigest()[:16] for r in
-                                  (self.refs.get(p) for p in
-                                   self.ctx.matrix.fixtures[step.fixture].references[: step.references])]}
+                   "references": [self.refs.digest(p) for p in
+                                  self.ctx.matrix.fixtures[step.fixture].references[: step.references]]}
         common = dict(attempt=attempt, started_at=t0, wall_s=round(t1 - t0, 4), peaks=peaks, request=request,
                       server_peak_mb=parsed.server_peak_mb if parsed else None)
         if failure is not None or image is None or image_bytes is None:
@@ -447,7 +448,7 @@ def run_plan(ctx: RunContext) -> list[SessionRecord]:
     return results
 
 
-def rescore_against_cell(ctx: RunContext, on_update: Callable[[StepRecord], None] | None = None) -> int:
+def rescore_against_cell(ctx: RunContext) -> int:
     """Score every image against the baseline cell's image of the same fixture, references and seed."""
     b = ctx.matrix.baseline
     if not b or not b.cell:
@@ -475,6 +476,4 @@ def rescore_against_cell(ctx: RunContext, on_update: Callable[[StepRecord], None
         updated = replace(s, scores=scores)
         ctx.store.write_step(updated)
         count += 1
-        if on_update:
-            on_update(updated)
     return count

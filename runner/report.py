@@ -24,11 +24,11 @@ def _cell_text(cell: Cell | None) -> str:
         psnr = f", {cell.psnr_db:g} dB" if cell.psnr_db is not None else ""
         return f"✅ {fmt_bytes(cell.peak_bytes)}, {cell.wall_s:g} s{psnr}"
     why = (cell.why_not or "").split(": ", 1)[-1]
-    if why.startswith("skipped"):
+    if cell.blocker == "skipped":
         return "⏭ " + why.removeprefix("skipped: ")[:70]
-    if why.startswith("oom:"):
+    if cell.blocker == "oom":
         return f"❌ OOM (peak seen {fmt_bytes(cell.peak_bytes)})"
-    if why.startswith("broken output"):
+    if cell.blocker == "broken":
         return "⚠️ " + why[:70]
     return "❌ " + why[:70]
 
@@ -74,7 +74,7 @@ def plot_session_memory(store: RunStore, session: SessionRecord, steps: list[Ste
 
 
 def _oom(cell: Cell) -> bool:
-    return not cell.served and ": oom:" in (cell.why_not or "")
+    return cell.blocker == "oom"
 
 
 def plot_capacity(card: str, cells: tuple[Cell, ...], order: list[str], capacity_bytes: float,

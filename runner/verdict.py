@@ -40,6 +40,7 @@ class Cell:
     skipped: int
     served: bool
     why_not: str | None
+    blocker: str | None  # what stopped it: "skipped", a failure class ("oom", ...), "broken", "low-psnr"
     peak_bytes: int | None
     peak_source: str | None
     host_peak_bytes: int | None
@@ -65,24 +66,24 @@ class Verdict:
 
 
 def _device_peak(step: StepRecord) -> tuple[int | None, str | None]:
+    """The step's best device peak (a response's `peak_memory_mb` is one of its peaks already)."""
     peak = step.peak("device")
-    if peak is not None:
-        return peak.bytes, peak.source
-    if step.server_peak_mb is not None:
-        return int(step.server_peak_mb * 2**20), "server-response"
-    return None, None
+    return (peak.bytes, peak.source) if peak else (None, None)
 
 
-def _usable(step: StepRecord, rules: VerdictRules) -> str | None:
-    """Why a step does not count as served; None when it does."""
+def _usable(step: StepRecord, rules: VerdictRules) -> tuple[str, str] | None:
+    """(blocker, why) when a step does not count as served; None when it does. The blocker is "skipped",
+    a failure class, "broken" or "low-psnr", so readers need not parse the text."""
     if step.status == Status.SKIPPED:
-        return f"skipped: {step.skip_reason}"
+        return "skipped", f"skipped: {step.skip_reason}"
     if step.status == Status.FAILED:
-        return f"{step.failure.kind}: {step.failure.message}" if step.failure else "failed"
+        if step.failure is None:
+            return "failed", "failed"
+        return step.failure.kind.value, f"{step.failure.kind}: {step.failure.message}"
     if step.scores and step.scores.sanity.broken:
-        return "broken output: " + "; ".join(step.scores.sanity.reasons)
+        return "broken", "broken output: " + "; ".join(step.scores.sanity.reasons)
     if step.scores and step.scores.psnr_db is not None and step.scores.psnr_db < rules.min_psnr_db:
-        return f"PSNR {step.scores.psnr_db:.1f} dB < {rules.min_psnr_db:g} dB"
+        return "low-psnr", f"PSNR {step.scores.psnr_db:.1f} dB < {rules.min_psnr_db:g} dB"
     return None
 
 
@@ -91,7 +92,7 @@ def summarise(steps: list[StepRecord], rules: VerdictRules) -> list[Cell]:
     keyfn = attrgetter("flags", "references")
     for (flags, n), group in itertools.groupby(sorted(steps, key=keyfn), key=keyfn):
         group = list(group)
-        problems = [(s, why) for s in group if (why := _usable(s, rules))]
+        problems = [(s, *why) for s in group if (why := _usable(s, rules))]
         served = [s for s in group if s.status == Status.OK]
         peaks = [(b, src) for s in group if s.status != Status.SKIPPED for b, src in [_device_peak(s)]
                  if b is not None]
@@ -103,7 +104,8 @@ def summarise(steps: list[StepRecord], rules: VerdictRules) -> list[Cell]:
             flags=flags, role=group[0].role, references=n,
             ok=sum(s.status == Status.OK for s in group), failed=sum(s.status == Status.FAILED for s in group),
             skipped=sum(s.status == Status.SKIPPED for s in group), served=not problems,
-            why_not=f"{problems[0][0].key}: {problems[0][1]}" if problems else None,
+            why_not=f"{problems[0][0].key}: {problems[0][2]}" if problems else None,
+            blocker=problems[0][1] if problems else None,
             peak_bytes=top[0], peak_source=top[1], host_peak_bytes=max(host, default=None),
             wall_s=round(statistics.fmean(walls), 3) if walls else None,
             psnr_db=round(statistics.fmean(psnrs), 2) if psnrs else None,
