@@ -102,7 +102,8 @@ class StepRecord:
     status: Status
     attempt: int = 0  # which server start of the session served it (0 = first)
     started_at: float | None = None  # epoch seconds at send
-    wall_s: float | None = None
+    wall_s: float | None = None  # the first send's wall time
+    wall_samples_s: tuple[float, ...] = ()  # every timed send of this request ([run] repeats), first included
     failure: Failure | None = None
     skip_reason: str | None = None
     lost: bool = False  # in flight when the server died
@@ -125,6 +126,7 @@ class StepRecord:
             "status": Status(d["status"]),
             "failure": Failure.from_json(d["failure"]) if d.get("failure") else None,
             "peaks": tuple(Peak.from_json(p) for p in d.get("peaks", ())),
+            "wall_samples_s": tuple(d.get("wall_samples_s", ())),
             "scores": Scores.from_json(d["scores"]) if d.get("scores") else None,
         })
 

@@ -26,6 +26,9 @@ class World(StrEnum):
     FITS_RESIDENT = "fits-resident"
     OFFLOAD_WORKS = "offload-works"
     NOT_BUILT = "not-built"
+    # The runner cannot tell: some flag set was stopped by something that is not capacity or quality (a
+    # harness failure, a server that never became ready, noise straddling a threshold). Never a world.
+    UNDECIDED = "undecided"
 
 
 @dataclass(frozen=True)
