@@ -1,8 +1,10 @@
-"""Execute a Plan: lanes in parallel, sessions one after another, one request at a time.
+"""Execute the pending part of a Plan: lanes in parallel, sessions one after another, one request at a time.
 
 This module holds the run's side effects (servers, HTTP, meters, files); everything it decides is asked of
-pure functions (failures.classify_*, scoring, verdict). Failures become records, never exceptions that end
-the run; each record is written the moment it exists.
+pure functions: what to do next of policy.next_action, what a response means of failures.classify_request,
+how good an image is of scoring. Failures become records, never exceptions that end the run; each record is
+written the moment it exists. Scoring and writing a served step runs on one worker per lane, in order, while
+the next request is in flight.
 """
 
 from __future__ import annotations
@@ -14,35 +16,26 @@ import socket
 import sys
 import threading
 import time
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
 from PIL import Image
 
-from runner import backends, baseline, dialects, scoring
+from runner import backends, baseline, dialects, policy, scoring
 from runner.backends.base import RunningServer, ServerSpec, StartFailed
+from runner.events import Events
 from runner.failures import classify_request
 from runner.matrix import Card, FlagSet, Matrix
 from runner.meters import Meter, build_meters, idle_baseline
+from runner.pending import Pending, pending
 from runner.plan import Plan, Session, Step
 from runner.records import Failure, FailureClass, Peak, ServerStart, SessionRecord, Status, StepRecord
 from runner.store import RunStore
 
 RESTART_AFTER = {FailureClass.CRASH, FailureClass.TIMEOUT}
-
-
-class Events:
-    """What the executor tells the outside world (progress bars, live metrics). No-ops by default."""
-
-    def lane_started(self, lane: str, cards: tuple[str, ...], total_steps: int) -> None: ...
-    def session_started(self, card: str, flags: str, attempt: int) -> None: ...
-    def session_ready(self, card: str, flags: str, ready_s: float | None) -> None: ...
-    def step_done(self, record: StepRecord) -> None: ...
-    def memory(self, card: str, device_bytes: int | None) -> None: ...
-    def lane_done(self, lane: str) -> None: ...
+MEMORY_FLUSH_S = 10.0  # a running start's memory samples reach memory.csv at least this often
 
 
 @dataclass
@@ -53,7 +46,12 @@ class RunContext:
     run_id: str
     events: Events = field(default_factory=Events)
     stop: threading.Event = field(default_factory=threading.Event)
-    done: dict[str, StepRecord] = field(default_factory=dict)  # steps already recorded (resume), by key
+    records: dict[str, StepRecord] = field(default_factory=dict)  # steps already recorded (resume), by key
+    todo: Pending | None = None  # what is left to do; None: all of the plan
+
+    def __post_init__(self) -> None:
+        if self.todo is None:
+            self.todo = pending(self.plan, self.records.values(), ())
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -134,13 +132,53 @@ class Baselines:
         return str(sample.file), scoring.decode(sample.file.read_bytes())
 
 
+@dataclass(frozen=True)
+class HttpResult:
+    """One send of a request: what came back, when, and what the server wrote to its log meanwhile."""
+
+    status: int | None  # HTTP status; None when no response came
+    content: bytes
+    timed_out: bool
+    t0: float  # epoch seconds at send
+    t1: float  # epoch seconds at response (or failure)
+    log_window: str  # server log written between send and response (+ a short grace)
+    exit_code: int | None  # the server's exit code when it died meanwhile
+
+    @property
+    def wall_s(self) -> float:
+        return round(self.t1 - self.t0, 4)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """A send classified: a failure, or an image (bytes and decoded)."""
+
+    failure: Failure | None
+    image_bytes: bytes | None
+    image: Image.Image | None
+    server_peak_mb: float | None
+
+
+@dataclass(frozen=True)
+class Served:
+    """A step whose request was answered with an image: scored and written off the request path."""
+
+    record: StepRecord  # without scores yet
+    image: Image.Image
+    image_bytes: bytes
+    repeat_image: bytes | None  # the first repeat whose bytes differ from the first image
+
+
 class SessionRunner:
-    def __init__(self, ctx: RunContext, session: Session, refs: References, baselines: Baselines) -> None:
+    def __init__(self, ctx: RunContext, session: Session, refs: References, baselines: Baselines,
+                 scorer: ThreadPoolExecutor | None = None) -> None:
         self.ctx, self.session, self.refs, self.baselines = ctx, session, refs, baselines
         self.card = ctx.matrix.cards[session.card]
         self.flags = ctx.matrix.flags[session.flags]
         self.profile = ctx.matrix.servers[self.card.server]
         self.run = ctx.matrix.run
+        self.scorer = scorer  # one worker, so records are written in order; None: score inline
+        self._scoring: list[Future[StepRecord]] = []
 
     # -- records -------------------------------------------------------------------------------------
     def _base(self, step: Step, status: Status, **kw: object) -> StepRecord:
@@ -153,8 +191,22 @@ class SessionRunner:
         self.ctx.events.step_done(record)
         return record
 
-    def _skip(self, step: Step, reason: str) -> StepRecord:
-        return self._emit(self._base(step, Status.SKIPPED, skip_reason=reason))
+    def _submit(self, work: StepRecord | Served) -> None:
+        """Write a record, in order: a served step is scored first, on the worker when there is one."""
+        if self.scorer is None:
+            self._finish(work)
+        else:
+            self._scoring.append(self.scorer.submit(self._finish, work))
+
+    def _finish(self, work: StepRecord | Served) -> StepRecord:
+        if isinstance(work, StepRecord):
+            return self._emit(work)
+        return self._emit(self.score(work), work.image_bytes)
+
+    def drain(self) -> None:
+        """Wait until every submitted record is written (raises what the worker raised)."""
+        while self._scoring:
+            self._scoring.pop(0).result()
 
     # -- one request -----------------------------------------------------------------------------------
     def _request(self, step: Step) -> dialects.HttpCall:
@@ -166,8 +218,7 @@ class SessionRunner:
                                     negative_prompt=self.run.negative_prompt)
         return dialects.build(self.profile.dialect, req)
 
-    def _send(self, client: httpx.Client, server: RunningServer, call: dialects.HttpCall
-              ) -> tuple[int | None, bytes, bool, float, float, str, int | None]:
+    def _send(self, client: httpx.Client, server: RunningServer, call: dialects.HttpCall) -> HttpResult:
         log0 = server.log_size()
         t0 = time.time()
         status, content, timed_out = None, b"", False
@@ -187,14 +238,11 @@ class SessionRunner:
             while time.monotonic() < deadline and (exit_info := server.exited()) is None and status is None:
                 time.sleep(0.1)
             time.sleep(0.3)
-        log_window = server.read_log(log0)
-        return status, content, timed_out, t0, t1, log_window, None if exit_info is None else exit_info.code
+        return HttpResult(status, content, timed_out, t0, t1, server.read_log(log0),
+                          None if exit_info is None else exit_info.code)
 
-    def execute(self, client: httpx.Client, server: RunningServer, meters: list[Meter], step: Step,
-                attempt: int, check_determinism: bool) -> tuple[StepRecord, bytes | None]:
-        call = self._request(step)
-        status, content, timed_out, t0, t1, log_window, exit_code = self._send(client, server, call)
-        parsed = dialects.parse(self.profile.dialect, content) if status == 200 else None
+    def _observe(self, sent: HttpResult) -> Observed:
+        parsed = dialects.parse(self.profile.dialect, sent.content) if sent.status == 200 else None
         image_bytes = parsed.image if parsed else None
         image = None
         problem = parsed.problem if parsed else None
@@ -203,68 +251,132 @@ class SessionRunner:
                 image = scoring.decode(image_bytes)
             except Exception as exc:  # any undecodable payload is a bad response, with its reason
                 problem = f"image does not decode: {type(exc).__name__}: {exc}"
-        failure = classify_request(http_status=status, body=content[:4000].decode("utf-8", "replace"),
-                                   log_window=log_window, timed_out=timed_out, server_exit=exit_code,
-                                   parse_problem=problem)
-        peaks = _with_response_peak([m.window_peak(t0, t1) for m in meters],
-                                    parsed.server_peak_mb if parsed else None)
+        failure = classify_request(http_status=sent.status, body=sent.content[:4000].decode("utf-8", "replace"),
+                                   log_window=sent.log_window, timed_out=sent.timed_out,
+                                   server_exit=sent.exit_code, parse_problem=problem)
+        if failure is None and (image is None or image_bytes is None):
+            failure = Failure(FailureClass.BAD_RESPONSE, problem or "no image", ())
+        return Observed(failure, image_bytes if failure is None else None, image if failure is None else None,
+                        parsed.server_peak_mb if parsed else None)
+
+    def execute(self, client: httpx.Client, server: RunningServer, meters: list[Meter], step: Step,
+                attempt: int, determinism_resend: bool) -> StepRecord | Served:
+        """Send a step's request `repeats` times (timed), plus once untimed for the determinism re-send.
+        A failing send ends the step as that failure, whichever send it was: a repeat that crashes or hangs
+        is recorded as the crash or timeout it is (and loses the server), never as a served step."""
+        call = self._request(step)
+        refs = self.ctx.matrix.fixtures[step.fixture].references[: step.references]
+        timed = self.run.repeats
+        total = timed + (1 if determinism_resend and timed == 1 else 0)
+        sends: list[HttpResult] = []
+        first: Observed | None = None
+        failure: Failure | None = None
+        different: bytes | None = None
+        peaks_mb: list[float] = []
+        for i in range(total):
+            sent = self._send(client, server, call)
+            sends.append(sent)
+            seen = self._observe(sent)
+            if seen.server_peak_mb is not None:
+                peaks_mb.append(seen.server_peak_mb)
+            if seen.failure is not None:
+                failure = seen.failure if i == 0 else replace(
+                    seen.failure, message=f"send {i + 1} of {total} of the same request: {seen.failure.message}")
+                break
+            if first is None:
+                first = seen
+            elif different is None and seen.image_bytes != first.image_bytes:
+                different = seen.image_bytes
+        last = sends[-1]
+        peaks = _with_response_peak([m.window_peak(sends[0].t0, last.t1) for m in meters],
+                                    max(peaks_mb) if peaks_mb else None)
         request = {"dialect": self.profile.dialect, "path": call.path, "steps": self.run.steps,
                    "size": list(self.run.size) if self.run.size else None, "seed": step.seed,
-                   "references": [self.refs.digest(p) for p in
-                                  self.ctx.matrix.fixtures[step.fixture].references[: step.references]]}
-        common = dict(attempt=attempt, started_at=t0, wall_s=round(t1 - t0, 4), peaks=peaks, request=request,
-                      server_peak_mb=parsed.server_peak_mb if parsed else None)
-        if failure is not None or image is None or image_bytes is None:
-            failure = failure or Failure(FailureClass.BAD_RESPONSE, problem or "no image", ())
-            return self._base(step, Status.FAILED, failure=failure,
-                              lost=failure.kind in RESTART_AFTER or exit_code is not None, **common), None
+                   "sends": len(sends), "references": [self.refs.digest(p) for p in refs]}
+        common = dict(attempt=attempt, started_at=sends[0].t0, wall_s=sends[0].wall_s,
+                      wall_samples_s=tuple(s.wall_s for s in sends[:timed] if s is not last or failure is None),
+                      peaks=peaks, request=request, server_peak_mb=peaks_mb[0] if peaks_mb else None)
+        if failure is not None:
+            lost = failure.kind in RESTART_AFTER or last.exit_code is not None
+            record = self._base(step, Status.FAILED, failure=failure, lost=lost, **common)
+            if first is None or first.image_bytes is None:
+                return record
+            # The first send was served: keep its image beside the failure (scored like any other).
+            return Served(replace(record, image=Path(step.key).name + ".png",
+                                  image_sha256=hashlib.sha256(first.image_bytes).hexdigest()),
+                          first.image, first.image_bytes, None)
+        assert first is not None and first.image is not None and first.image_bytes is not None
+        compared = len(sends) > 1
+        record = self._base(step, Status.OK, image=Path(step.key).name + ".png",
+                            image_sha256=hashlib.sha256(first.image_bytes).hexdigest(),
+                            deterministic=(different is None) if compared else None, **common)
+        return Served(record, first.image, first.image_bytes, different)
+
+    def score(self, served: Served) -> StepRecord:
+        """PSNR/SSIM against the baseline and the sanity checks (off the request path)."""
+        step = served.record
         name, base_image = self.baselines.image(step)
         rules = self.ctx.matrix.verdict
-        scores = scoring.score(image, base_image, name, max_transparent_share=rules.max_transparent_share,
+        scores = scoring.score(served.image, base_image, name, max_transparent_share=rules.max_transparent_share,
                                min_pixel_std=rules.min_pixel_std)
-        deterministic = repeat_psnr = None
-        if check_determinism:
-            again = self._send(client, server, call)
-            again_parsed = dialects.parse(self.profile.dialect, again[1]) if again[0] == 200 else None
-            deterministic = bool(again_parsed and again_parsed.image == image_bytes)
-            if again_parsed and again_parsed.image and not deterministic:
-                # How far apart: numerical noise (high dB) or an ignored seed (low dB)?
-                try:
-                    repeat_psnr = scoring.score(scoring.decode(again_parsed.image), image, None).psnr_db
-                except Exception:  # an undecodable repeat is simply not comparable
-                    repeat_psnr = None
-        record = self._base(step, Status.OK, image=Path(step.key).name + ".png",
-                            image_sha256=hashlib.sha256(image_bytes).hexdigest(), scores=scores,
-                            deterministic=deterministic, repeat_psnr_db=repeat_psnr, **common)
-        return record, image_bytes
+        repeat_psnr = None
+        if served.repeat_image is not None:
+            # How far apart: numerical noise (high dB) or an ignored seed (low dB)?
+            try:
+                repeat_psnr = scoring.score(scoring.decode(served.repeat_image), served.image, None).psnr_db
+            except Exception:  # an undecodable repeat is simply not comparable
+                repeat_psnr = None
+        return replace(step, scores=scores, repeat_psnr_db=repeat_psnr)
 
-    # -- the session ---------------------------------------------------------------------------------
+    # -- the session: a thin loop around policy.next_action -------------------------------------------
     def run_session(self) -> SessionRecord:
-        pending = deque(s for s in self.session.steps if s.key not in self.ctx.done)
-        log = _SessionLog.resume(self.ctx.store.load_session(self.session.key), len(pending))
-        # An OOM already recorded (resume) still implies the larger reference counts.
-        ooms = [r.references for s in self.session.steps if (r := self.ctx.done.get(s.key))
-                and r.failure and r.failure.kind == FailureClass.OOM]
-        self.oom_at = min(ooms) if ooms and self.run.stop_after_oom else None
-        self.first_step = True
-        attempt = len(log.starts)  # numbers server starts (and their log files) across resumes
-        restarts_used = 0
-        while pending and not self.ctx.stop.is_set():
-            if (why := self._gpu_not_idle(log)) is not None:
-                log.notes.append(why)
-                self._skip_all(pending, why)
-                break
-            failure, lost = self._serve(attempt, pending, log)
-            if failure is not None:
-                self._skip_all(pending, f"server did not start: {failure.kind}")
-                break
-            if lost and restarts_used >= self.run.restarts:
-                self._skip_all(pending, f"server died and {self.run.restarts} restart(s) were used")
-                break
-            if lost:
-                restarts_used += 1
-                attempt += 1
-        self._skip_all(pending, "run interrupted")
+        log = _SessionLog.resume(self.ctx.store.load_session(self.session.key), len(self.session.steps))
+        on_gpu = self.card.gpu is not None or bool({"nvml", "sidecar"} & set(self.card.meters))
+        rules = policy.Rules(restarts=self.run.restarts, stop_after_oom=self.run.stop_after_oom,
+                             oom_implies_seeds=self.run.oom_implies_seeds,
+                             determinism_resend=self.run.determinism_check and self.run.repeats == 1,
+                             gpu_gate=on_gpu)
+        recorded = [r for r in self.ctx.records.values() if r.card == self.card.name and r.flags == self.flags.name]
+        state = policy.initial(rules, self.session.steps, recorded, attempt=len(log.starts))
+        outcome: policy.Outcome = policy.Begin()
+        server: _Server | None = None
+        try:
+            with httpx.Client() as client:
+                while True:
+                    if self.ctx.stop.is_set() and state.pending:
+                        outcome = policy.Interrupted()
+                    state, action = policy.next_action(state, outcome)
+                    match action:
+                        case policy.CheckIdle():
+                            outcome = policy.IdleChecked(self._gpu_not_idle(log))
+                        case policy.Start(attempt=attempt):
+                            if server is not None:
+                                server.close()
+                            server = _Server(self, attempt, log)
+                            outcome = policy.Started(server.open())
+                        case policy.Send(step=step, determinism_resend=resend):
+                            assert server is not None
+                            work = self.execute(client, server.server, server.meters, step, server.attempt, resend)
+                            record = work.record if isinstance(work, Served) else work
+                            lost = record.lost or server.server.exited() is not None
+                            if lost:
+                                log.notes.append(f"server lost during {step.key} "
+                                                 f"({record.failure.kind if record.failure else 'exit'})")
+                            self._submit(work)
+                            server.checkpoint()
+                            outcome = policy.Sent(step, record.failure.kind if record.failure else None, lost)
+                        case policy.Skip(steps=steps, reason=reason, implied_by=implied):
+                            for step in steps:
+                                self._submit(self._base(step, Status.SKIPPED, skip_reason=reason, implied_by=implied))
+                            if reason != "run interrupted" and implied is None:
+                                log.notes.append(reason)
+                            outcome = policy.Skipped()
+                        case policy.Finish():
+                            break
+        finally:
+            if server is not None:
+                server.close()
+            self.drain()
         return self._write(log)
 
     def _gpu_not_idle(self, log: _SessionLog) -> str | None:
@@ -272,107 +384,118 @@ class SessionRunner:
         exists. A foreign holder stops the session under require_idle_gpu; nothing is ever killed."""
         baseline = idle_baseline(self.card)
         log.idle = log.idle or baseline.to_json()
-        on_gpu = self.card.gpu is not None or bool({"nvml", "sidecar"} & set(self.card.meters))
-        return baseline.stop_reason(self.run.require_idle_gpu) if on_gpu else None
-
-    def _serve(self, attempt: int, pending: deque[Step], log: _SessionLog) -> tuple[Failure | None, bool]:
-        """One server start: start it, wait until ready, send pending steps until none are left, the run
-        stops, or the server is lost. Returns (start failure, lost). Always stops the server."""
-        spec = server_spec(self.ctx, self.card, self.flags, attempt)
-        server = backends.create(self.card.backend, spec)
-        meters = build_meters(self.card, server, self.run.sample_hz)
-        self.ctx.events.session_started(self.card.name, self.flags.name, attempt)
-        t_start = time.time()
-        for m in meters:
-            m.start()
-        ticker = _MemoryTicker(self.ctx.events, self.card.name, meters)
-        ticker.start()
-        failure: Failure | None = None
-        ready_s: float | None = None
-        lost = False
-        t_ready = t_start
-        try:
-            try:
-                server.start()
-                ready_s = server.wait_ready(self.run.ready_timeout_s)
-            except StartFailed as exc:
-                failure = exc.failure
-            except Exception as exc:  # the backend itself failed (engine unreachable, bad image...)
-                failure = Failure(FailureClass.LOAD_EXIT, f"{type(exc).__name__}: {exc}"[:500])
-                server.stop()
-            t_ready = time.time()
-            self.ctx.events.session_ready(self.card.name, self.flags.name, ready_s)
-            if failure is None:
-                lost = self._send_steps(server, meters, attempt, pending, log)
-        finally:
-            ticker.stop()
-            server.stop()
-            t_end = time.time()
-            for m in meters:
-                m.stop()
-            log.peaks.extend(m.window_peak(t_start, t_end) for m in meters)
-            log.meters.extend({**m.provenance(), "attempt": attempt} for m in meters)
-            log.starts.append(ServerStart(attempt=attempt, started_at=t_start,
-                                          ready_s=None if ready_s is None else round(ready_s, 3),
-                                          failure=failure, stopped_at=t_end,
-                                          load_peaks=tuple(m.window_peak(t_start, t_ready) for m in meters),
-                                          info={**server.info(), "log": spec.log_path.name}))
-            self.ctx.store.write_memory(self.session.key,
-                                        (x for m in meters for x in (m.series(), *m.extra_series())), attempt)
-            self._write(log)
-        return failure, lost
-
-    def _send_steps(self, server: RunningServer, meters: list[Meter], attempt: int, pending: deque[Step],
-                    log: _SessionLog) -> bool:
-        """Steps one at a time against a ready server; True when the server was lost (died or hung)."""
-        with httpx.Client() as client:
-            while pending and not self.ctx.stop.is_set():
-                step = pending.popleft()
-                if self.oom_at is not None and step.references > self.oom_at:
-                    self._skip(step, f"implied by an out-of-memory at {self.oom_at} reference(s) in this session")
-                    continue
-                record, png = self.execute(client, server, meters, step, attempt,
-                                           self.first_step and self.run.determinism_check)
-                self.first_step = False
-                self._emit(record, png)
-                if record.failure and record.failure.kind == FailureClass.OOM and self.run.stop_after_oom:
-                    self.oom_at = step.references if self.oom_at is None else min(self.oom_at, step.references)
-                if record.lost or server.exited() is not None:
-                    log.notes.append(f"server lost during {step.key} "
-                                     f"({record.failure.kind if record.failure else 'exit'})")
-                    return True
-        return False
-
-    def _skip_all(self, pending: deque[Step], reason: str) -> None:
-        while pending:
-            self._skip(pending.popleft(), reason)
+        return baseline.stop_reason(self.run.require_idle_gpu)
 
     def _write(self, log: _SessionLog) -> SessionRecord:
         record = SessionRecord(key=self.session.key, card=self.card.name, flags=self.flags.name,
-                               role=self.flags.role, backend=self.card.backend, starts=tuple(log.starts),
-                               session_peaks=_max_by_source(log.peaks), meters=tuple(log.meters),
+                               role=self.flags.role, backend=self.card.backend, starts=log.all_starts(),
+                               session_peaks=_max_by_source(log.all_peaks()), meters=tuple(log.meters),
                                idle_baseline=log.idle, log="server.log", notes=tuple(log.notes))
         self.ctx.store.write_session(record)
         return record
 
 
+class _Server:
+    """One server start with its meters and live ticker. While it runs, session.json holds it as an open
+    start and memory.csv its samples so far (a kill keeps both); `close` stops it and records it."""
+
+    def __init__(self, runner: SessionRunner, attempt: int, log: _SessionLog) -> None:
+        self.runner, self.attempt, self.log = runner, attempt, log
+        self.spec = server_spec(runner.ctx, runner.card, runner.flags, attempt)
+        self.server = backends.create(runner.card.backend, self.spec)
+        self.meters = build_meters(runner.card, self.server, runner.run.sample_hz)
+        self.ticker = _MemoryTicker(runner.ctx.events, runner.card.name, self.meters)
+        self.t_start = self.t_ready = time.time()
+        self.ready_s: float | None = None
+        self.failure: Failure | None = None
+        self.flushed = 0.0
+        self.closed = False
+
+    def open(self) -> FailureClass | None:
+        r = self.runner
+        r.ctx.events.session_started(r.card.name, r.flags.name, self.attempt)
+        self.t_start = time.time()
+        for m in self.meters:
+            m.start()
+        self.ticker.start()
+        self.checkpoint(force=True)
+        try:
+            self.server.start()
+            self.ready_s = self.server.wait_ready(r.run.ready_timeout_s)
+        except StartFailed as exc:
+            self.failure = exc.failure
+        except Exception as exc:  # the backend itself failed (engine unreachable, bad image...)
+            self.failure = Failure(FailureClass.LOAD_EXIT, f"{type(exc).__name__}: {exc}"[:500])
+            self.server.stop()
+        self.t_ready = time.time()
+        r.ctx.events.session_ready(r.card.name, r.flags.name, self.ready_s)
+        self.checkpoint(force=True)
+        return None if self.failure is None else self.failure.kind
+
+    def _start_record(self, stopped_at: float | None) -> ServerStart:
+        return ServerStart(attempt=self.attempt, started_at=self.t_start,
+                           ready_s=None if self.ready_s is None else round(self.ready_s, 3),
+                           failure=self.failure, stopped_at=stopped_at,
+                           load_peaks=tuple(m.window_peak(self.t_start, self.t_ready) for m in self.meters),
+                           info={**self.server.info(), "log": self.spec.log_path.name})
+
+    def _series(self) -> list:
+        return [x for m in self.meters for x in (m.series(), *m.extra_series())]
+
+    def checkpoint(self, force: bool = False) -> None:
+        """The open start into session.json, its samples into memory.csv (at most every MEMORY_FLUSH_S)."""
+        now = time.time()
+        if not force and now - self.flushed < MEMORY_FLUSH_S:
+            return
+        self.flushed = now
+        self.log.current = self._start_record(None)
+        self.log.current_peaks = [m.window_peak(self.t_start, now) for m in self.meters]
+        self.runner.ctx.store.write_memory(self.runner.session.key, self._series(), self.attempt)
+        self.runner._write(self.log)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.ticker.stop()
+        self.server.stop()
+        t_end = time.time()
+        for m in self.meters:
+            m.stop()
+        self.log.current, self.log.current_peaks = None, []
+        self.log.peaks.extend(m.window_peak(self.t_start, t_end) for m in self.meters)
+        self.log.meters.extend({**m.provenance(), "attempt": self.attempt} for m in self.meters)
+        self.log.starts.append(self._start_record(t_end))
+        self.runner.ctx.store.write_memory(self.runner.session.key, self._series(), self.attempt)
+        self.runner._write(self.log)
+
+
 @dataclass
 class _SessionLog:
     """What a session has recorded so far; it grows while the session runs and is written as a
-    SessionRecord after every server start. On resume it starts from the earlier record."""
+    SessionRecord at every server start, after steps and at every stop. On resume it starts from the
+    earlier record (a start that was open when the runner was killed is kept as it was last written)."""
 
     starts: list[ServerStart] = field(default_factory=list)
     peaks: list[Peak] = field(default_factory=list)
     meters: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     idle: dict = field(default_factory=dict)
+    current: ServerStart | None = None  # the start running now
+    current_peaks: list[Peak] = field(default_factory=list)
+
+    def all_starts(self) -> tuple[ServerStart, ...]:
+        return (*self.starts, *([self.current] if self.current else []))
+
+    def all_peaks(self) -> list[Peak]:
+        return [*self.peaks, *self.current_peaks]
 
     @classmethod
     def resume(cls, prior: SessionRecord | None, pending: int) -> _SessionLog:
         if prior is None:
             return cls()
         return cls(list(prior.starts), list(prior.session_peaks), list(prior.meters),
-                   [*prior.notes, f"resumed with {pending} step(s) to send"], dict(prior.idle_baseline))
+                   [*prior.notes, f"resumed with {pending} step(s) to do"], dict(prior.idle_baseline))
 
 
 def _with_response_peak(peaks: list[Peak], peak_mb: float | None) -> tuple[Peak, ...]:
@@ -420,18 +543,24 @@ class _MemoryTicker:
 
 
 def run_plan(ctx: RunContext) -> list[SessionRecord]:
+    """Run what is pending: one thread per lane, sessions one after another within a lane."""
     refs, baselines = References(), Baselines(ctx.matrix, ctx.store)
+    assert ctx.todo is not None
+    lanes = ctx.todo.lanes
 
     def lane_job(lane_index: int) -> list[SessionRecord]:
-        lane = ctx.plan.lanes[lane_index]
+        lane = lanes[lane_index]
         ctx.events.lane_started(lane.name, lane.cards, sum(len(s.steps) for s in lane.sessions))
-        out = [SessionRunner(ctx, s, refs, baselines).run_session() for s in lane.sessions]
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="score") as scorer:
+            # After an interrupt, later sessions still record their steps as skipped ("run interrupted")
+            # without starting anything, so the partial report shows what was not done.
+            out = [SessionRunner(ctx, s, refs, baselines, scorer).run_session() for s in lane.sessions]
         ctx.events.lane_done(lane.name)
         return out
 
     results: list[SessionRecord] = []
-    with ThreadPoolExecutor(max_workers=max(1, len(ctx.plan.lanes)), thread_name_prefix="lane") as pool:
-        futures = [pool.submit(lane_job, i) for i in range(len(ctx.plan.lanes))]
+    with ThreadPoolExecutor(max_workers=max(1, len(lanes)), thread_name_prefix="lane") as pool:
+        futures = [pool.submit(lane_job, i) for i in range(len(lanes))]
         try:
             for f in futures:
                 while True:
@@ -447,33 +576,3 @@ def run_plan(ctx: RunContext) -> list[SessionRecord]:
             raise
     return results
 
-
-def rescore_against_cell(ctx: RunContext) -> int:
-    """Score every image against the baseline cell's image of the same fixture, references and seed."""
-    b = ctx.matrix.baseline
-    if not b or not b.cell:
-        return 0
-    rules = ctx.matrix.verdict
-    steps = ctx.store.load_steps()
-    card, flags = b.cell
-    base = {(s.card if card is None else None, s.fixture, s.references, s.seed): s for s in steps
-            if s.card == (card or s.card) and s.flags == flags and s.status == Status.OK}
-    count = 0
-    for s in steps:
-        if s.status != Status.OK:
-            continue
-        png = ctx.store.read_png(s.key)
-        ref = base.get((s.card if card is None else None, s.fixture, s.references, s.seed))
-        ref_png = ctx.store.read_png(ref.key) if ref else None
-        if png is None:
-            continue
-        scores = scoring.score(scoring.decode(png), scoring.decode(ref_png) if ref_png else None,
-                               ref.key if ref else None, max_transparent_share=rules.max_transparent_share,
-                               min_pixel_std=rules.min_pixel_std)
-        if ref is None:
-            scores = replace(scores, reason=f"baseline cell {card or s.card}/{flags} has no image for this "
-                                            f"fixture, reference count and seed")
-        updated = replace(s, scores=scores)
-        ctx.store.write_step(updated)
-        count += 1
-    return count

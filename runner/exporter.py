@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from runner.execute import Events
+from runner.events import Events, Fanout  # noqa: F401  (Fanout: used by callers via this module)
 from runner.records import StepRecord
 
 
@@ -55,34 +55,3 @@ class RunExporter(Events):
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
-
-
-class Fanout(Events):
-    """Several listeners as one."""
-
-    def __init__(self, *listeners: Events) -> None:
-        self.listeners = listeners
-
-    def lane_started(self, lane: str, cards: tuple[str, ...], total_steps: int) -> None:
-        for x in self.listeners:
-            x.lane_started(lane, cards, total_steps)
-
-    def session_started(self, card: str, flags: str, attempt: int) -> None:
-        for x in self.listeners:
-            x.session_started(card, flags, attempt)
-
-    def session_ready(self, card: str, flags: str, ready_s: float | None) -> None:
-        for x in self.listeners:
-            x.session_ready(card, flags, ready_s)
-
-    def step_done(self, record: StepRecord) -> None:
-        for x in self.listeners:
-            x.step_done(record)
-
-    def memory(self, card: str, device_bytes: int | None) -> None:
-        for x in self.listeners:
-            x.memory(card, device_bytes)
-
-    def lane_done(self, lane: str) -> None:
-        for x in self.listeners:
-            x.lane_done(lane)

@@ -36,7 +36,9 @@ class RunSettings:
     results_dir: Path
     stop_after_oom: bool  # an OOM at n references implies the larger counts of that session
     restarts: int  # server restarts allowed per session after a crash
-    determinism_check: bool  # send each session's first step twice
+    determinism_check: bool  # send each session's first step twice (when repeats == 1)
+    repeats: int  # timed sends of each step's request; with >= 2 their image bytes are compared
+    oom_implies_seeds: bool  # an OOM at n references also implies the remaining seeds at n
     require_idle_gpu: bool
     sample_hz: float
 
@@ -271,6 +273,8 @@ def _run(file: Path, t: _Table, base: Path) -> RunSettings:
         stop_after_oom=t.get("stop_after_oom", bool, True),
         restarts=restarts,
         determinism_check=t.get("determinism_check", bool, True),
+        repeats=t.positive("repeats", int, 2),
+        oom_implies_seeds=t.get("oom_implies_seeds", bool, True),
         require_idle_gpu=t.get("require_idle_gpu", bool, False),
         sample_hz=float(t.positive("sample_hz", (int, float), 20)),
     )

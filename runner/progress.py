@@ -8,7 +8,7 @@ import threading
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from runner.execute import Events
+from runner.events import Events
 from runner.records import Status, StepRecord
 from runner.units import fmt_bytes
 

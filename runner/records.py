@@ -106,14 +106,15 @@ class StepRecord:
     wall_samples_s: tuple[float, ...] = ()  # every timed send of this request ([run] repeats), first included
     failure: Failure | None = None
     skip_reason: str | None = None
+    implied_by: str | None = None  # skipped because this step's OOM decides it (key of the deciding step)
     lost: bool = False  # in flight when the server died
     image: str | None = None  # PNG file name beside the record
     image_sha256: str | None = None
     server_peak_mb: float | None = None  # a `peak_memory_mb` the server reported in its response
     peaks: tuple[Peak, ...] = ()
     scores: Scores | None = None
-    deterministic: bool | None = None  # first step of a session: the same request twice, identical?
-    repeat_psnr_db: float | None = None  # when not identical: PSNR of the repeat against the first image
+    deterministic: bool | None = None  # the request sent again (repeats / first-step check): same bytes?
+    repeat_psnr_db: float | None = None  # when not identical: PSNR of the differing repeat against the first image
     request: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:

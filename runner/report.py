@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 
 from runner.meters.reconcile import reconcile, render
 from runner.records import SessionRecord, Status, StepRecord
-from runner.store import RunStore, load_memory, write_json
+from runner.store import RunStore, load_memory
 from runner.units import GIB, fmt_bytes, unit_for
 from runner.verdict import Cell, Verdict
 
@@ -131,7 +131,6 @@ def write_report(store: RunStore, verdicts: list[Verdict]) -> Path:
     steps, sessions = store.load_steps(), store.load_sessions()
     planned = {key: i for i, key in enumerate(run.get("plan", {}).get("sessions", []))}
     sessions.sort(key=lambda s: planned.get(s.key, len(planned)))
-    write_json(store.root / "verdict.json", {"run_id": run["run_id"], "verdicts": [v.to_json() for v in verdicts]})
     plots = store.root / "plots"
     plots.mkdir(exist_ok=True)
     cards: dict[str, Any] = run.get("cards", {})

@@ -15,10 +15,12 @@ import os
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from runner.meters.base import Series
 from runner.records import SessionRecord, StepRecord
+
+if TYPE_CHECKING:  # a type only: the store does not pull the meters package (and httpx) in
+    from runner.meters.base import Series
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -57,15 +59,22 @@ class RunStore:
             atomic_write(self.root / f"{record.key}.png", png)
         write_json(self.step_path(record.key), record.to_json())
 
+    def write_verdicts(self, verdicts: list[dict[str, Any]]) -> None:
+        write_json(self.root / "verdict.json", {"run_id": self.load_run()["run_id"], "verdicts": verdicts})
+
     def write_session(self, record: SessionRecord) -> None:
         write_json(self.session_dir(record.key) / "session.json", record.to_json())
 
     def write_memory(self, session_key: str, series: Iterable[Series], attempt: int) -> None:
-        """memory.csv: one row per sample (t, attempt, source, metric, bytes), all server starts appended."""
+        """memory.csv: one row per sample (t, attempt, source, metric, bytes) of every server start. The rows
+        of `attempt` are replaced by `series`, so a running start can be written again as it grows (a kill
+        keeps what was written last) while earlier starts' rows are kept."""
         path = self.session_dir(session_key) / "memory.csv"
-        old = path.read_text() if path.exists() else "t,attempt,source,metric,bytes\n"
+        header = "t,attempt,source,metric,bytes\n"
+        old = path.read_text().splitlines(keepends=True)[1:] if path.exists() else []
         out = io.StringIO()
-        out.write(old)
+        out.write(header)
+        out.writelines(line for line in old if line.split(",", 2)[1:2] != [str(attempt)])
         writer = csv.writer(out)
         for s in series:
             for t, v in zip(s.t, s.value, strict=True):

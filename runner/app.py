@@ -1,0 +1,198 @@
+"""The application layer: start a run, resume one, finish one (verdict, report, exit status).
+
+cli.py only parses arguments and maps errors to exit codes; this module wires matrix → plan → pending →
+execute → rescore → verdict → store/report, and says what the exit status means:
+0 every card reached a world; 1 some card is undecided or the run is incomplete (steps a resume would
+still send); 2 bad input (UserError, raised before anything starts); 130 interrupted (Ctrl-C / SIGINT: what
+was kept and the exact resume command are printed, and a partial report is written).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import shlex
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from runner import runinfo
+from runner.errors import UserError
+from runner.events import Events, Fanout
+from runner.matrix import Matrix, load_matrix
+from runner.pending import Pending, pending
+from runner.plan import Plan, make_plan
+from runner.store import RunStore
+
+EXIT_OK, EXIT_INCOMPLETE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A run directory ready to execute: new, or an earlier run's to resume."""
+
+    matrix: Matrix
+    plan: Plan
+    store: RunStore
+    run_id: str
+    run_doc: dict
+    resumed: bool
+
+
+def open_run(matrix_path: str, results: str | None, resume: str | None) -> Opened:
+    matrix = load_matrix(matrix_path)
+    plan = make_plan(matrix)
+    started = dt.datetime.now().timestamp()
+    if resume:
+        root = Path(resume)
+        if not (root / "run.json").is_file():
+            raise UserError(f"{root}: not a run directory (no run.json)")
+        store = RunStore(root)
+        run_doc = store.load_run()
+        if run_doc["matrix"]["sha256"] != matrix.sha256:
+            raise UserError(f"{matrix_path}: matrix changed since run {run_doc['run_id']} (sha256 differs)")
+        return Opened(matrix, plan, store, run_doc["run_id"], run_doc, True)
+    run_id = re.sub(r"[^a-zA-Z0-9_.-]+", "-", matrix.run.name) + "-" + runinfo.iso_time(started).replace(":", "")
+    root = (Path(results) if results else matrix.run.results_dir) / run_id
+    return Opened(matrix, plan, RunStore(root), run_id, runinfo.run_doc(matrix, plan, run_id, started), False)
+
+
+def left_to_do(run: Opened) -> Pending:
+    return pending(run.plan, run.store.load_steps(), run.store.load_sessions())
+
+
+def banner(run: Opened, todo: Pending) -> str:
+    if todo.steps == 0:
+        return (f"runner: run {run.run_id}: nothing left to send, all {todo.planned_steps} step(s) decided "
+                f"→ {run.store.root}")
+    of = f" of {todo.planned_sessions}" if run.resumed else ""
+    return (f"runner: run {run.run_id}: {len(todo.sessions)}{of} session(s), {todo.steps} step(s) to send"
+            f"{f' of {todo.planned_steps}' if run.resumed else ''} × {run.matrix.run.repeats} timed send(s) "
+            f"→ {run.store.root}")
+
+
+def resume_command(matrix_path: str, root: Path) -> str:
+    return shlex.join(["runner", matrix_path, "--resume", str(root)])
+
+
+def execute(run: Opened, events: Events, todo: Pending) -> bool:
+    """Run what is pending. Returns True when interrupted (Ctrl-C); every finished step is on disk."""
+    from runner.execute import RunContext, run_plan  # the executor pulls httpx, meters, backends
+
+    records = {s.key: s for s in run.store.load_steps()}
+    ctx = RunContext(matrix=run.matrix, plan=run.plan, store=run.store, run_id=run.run_id, events=events,
+                     records=records, todo=todo)
+    try:
+        run_plan(ctx)
+    except KeyboardInterrupt:
+        return True
+    return False
+
+
+def finish(store: RunStore, matrix: Matrix, *, rescore: bool = True) -> list:
+    """Rescore against the baseline cell, decide the verdicts, write verdict.json and the report."""
+    from runner import baseline
+    from runner.report import write_report
+    from runner.rescore import rescore_against_cell
+    from runner.verdict import decide_all
+
+    if rescore:
+        rescore_against_cell(matrix, store)
+    steps, sessions = store.load_steps(), store.load_sessions()
+    wall = None
+    if matrix.baseline and matrix.baseline.directory:
+        target = matrix.verdict.target_references
+        try:
+            samples = baseline.load_samples(matrix.baseline.directory)
+        except UserError as exc:  # the report still comes out; only the baseline's latency is missing
+            print(f"runner: warning: {exc}", file=sys.stderr)
+            samples = []
+        walls = [s.wall_s for s in samples if s.wall_s and s.references in (target, None)]
+        wall = statistics.fmean(walls) if walls else None
+    verdicts = decide_all(steps, sessions, matrix.verdict, list(dict.fromkeys(s.card for s in steps)), wall)
+    store.write_verdicts([v.to_json() for v in verdicts])
+    report = write_report(store, verdicts)
+    for v in verdicts:
+        print(f"{v.card}: {v.world} — {v.reason}")
+    print(f"report: {report}")
+    return verdicts
+
+
+def exit_status(worlds: Sequence[str], steps_left: int) -> int:
+    """0 every card reached a world; 1 some card is undecided or steps are left that a resume would send."""
+    from runner.verdict import World
+
+    return EXIT_INCOMPLETE if steps_left or World.UNDECIDED in worlds else EXIT_OK
+
+
+def run(matrix_path: str, *, results: str | None = None, resume: str | None = None, progress: bool = True,
+        metrics_port: int | None = None) -> int:
+    from runner.progress import ProgressView
+
+    opened = open_run(matrix_path, results, resume)
+    todo = left_to_do(opened) if opened.resumed else pending(opened.plan, (), ())
+    opened.store.write_run(opened.run_doc)
+    print(banner(opened, todo), file=sys.stderr)
+    if todo.steps:
+        _reap_leftovers(opened.matrix, todo)
+    view = ProgressView(enabled=progress)
+    events: Events = view
+    exporter = None
+    if metrics_port is not None and todo.steps:
+        from runner.exporter import RunExporter
+
+        try:
+            exporter = RunExporter(opened.run_id, metrics_port)
+        except OSError as exc:
+            raise UserError(f"--metrics-port {metrics_port}: cannot listen on 127.0.0.1: {exc.strerror}") \
+                from None
+        events = Fanout(view, exporter)
+    interrupted = False
+    try:
+        if todo.steps:
+            with view:
+                interrupted = execute(opened, events, todo)
+    finally:
+        if exporter:
+            exporter.close()
+    finished = dt.datetime.now().timestamp()
+    doc = {**opened.run_doc, "finished_at": finished, "finished_at_iso": runinfo.iso_time(finished),
+           "interrupted": interrupted, "cards": runinfo.card_facts(opened.run_doc["cards"], opened.store)}
+    if opened.resumed:
+        doc["resumes"] = [*opened.run_doc.get("resumes", []), {"at_iso": runinfo.iso_time(finished),
+                                                               "steps_to_send": todo.steps}]
+    opened.store.write_run(doc)
+    verdicts = finish(opened.store, opened.matrix, rescore=bool(todo.steps))
+    left = left_to_do(opened)
+    if interrupted:
+        done = left.planned_steps - left.steps
+        print(f"runner: interrupted; kept {done} of {left.planned_steps} step(s) in {opened.store.root} "
+              f"(partial report: {opened.store.root / 'report.md'}); {left.steps} left. Resume with:\n"
+              f"  {resume_command(matrix_path, opened.store.root)}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if left.steps:
+        print(f"runner: {left.steps} step(s) not done (see report); a resume sends them: "
+              f"{resume_command(matrix_path, opened.store.root)}", file=sys.stderr)
+    return exit_status([v.world for v in verdicts], left.steps)
+
+
+def _reap_leftovers(matrix: Matrix, todo: Pending) -> None:
+    """Containers labelled by an earlier, interrupted run of this runner are removed before this one starts;
+    nothing without the runner's label is touched."""
+    hosts = {matrix.cards[c].docker_host for lane in todo.lanes for c in lane.cards
+             if matrix.cards[c].backend == "docker"}
+    if not hosts:
+        return
+    from docker.errors import DockerException
+
+    from runner.backends.docker import reap
+
+    for host in hosts:
+        where = host or "local engine"
+        try:
+            for name in reap(host):
+                print(f"runner: removed container {name} left by an earlier run ({where})", file=sys.stderr)
+        except DockerException as exc:
+            print(f"runner: could not check {where} for leftover containers: {exc}", file=sys.stderr)

@@ -1,0 +1,53 @@
+"""Pending work as a pure function of plan + records (runner.pending)."""
+
+from __future__ import annotations
+
+from runner.pending import pending
+from runner.plan import Lane, Plan, Session, Step
+from runner.records import Failure, FailureClass, ServerStart, SessionRecord, Status, StepRecord
+
+
+def plan() -> Plan:
+    def session(card: str, flags: str) -> Session:
+        return Session(card, flags, tuple(Step(card, flags, "f", n, 1) for n in (1, 2, 3)))
+
+    return Plan((Lane("a", ("a",), (session("a", "default"), session("a", "offload"))),
+                 Lane("b", ("b",), (session("b", "default"),))))
+
+
+def record(key: str, status: Status, **kw) -> StepRecord:
+    card, flags, refs, _ = key.split("/")
+    return StepRecord(key=key, card=card, flags=flags, role="default", fixture="f", references=int(refs[5:]),
+                      seed=1, status=status, **kw)
+
+
+def test_no_records_everything_pending() -> None:
+    p = pending(plan(), [], [])
+    assert p.steps == 9 == p.planned_steps and len(p.sessions) == 3 == p.planned_sessions
+
+
+def test_finished_run_nothing_pending_oom_and_implied_skips_count_as_done() -> None:
+    steps = [record("a/default/refs-1/f-seed-1", Status.OK),
+             record("a/default/refs-2/f-seed-1", Status.FAILED, failure=Failure(FailureClass.OOM, "oom")),
+             record("a/default/refs-3/f-seed-1", Status.SKIPPED, skip_reason="implied",
+                    implied_by="a/default/refs-2/f-seed-1")]
+    steps += [record(f"a/offload/refs-{n}/f-seed-1", Status.OK) for n in (1, 2, 3)]
+    # card b's server ran out of memory at load: its skipped steps are decided, not missing
+    steps += [record(f"b/default/refs-{n}/f-seed-1", Status.SKIPPED, skip_reason="server did not start: oom_at_load")
+              for n in (1, 2, 3)]
+    load_oom = SessionRecord("b/default", "b", "default", "default", "local",
+                             (ServerStart(0, 0.0, None, Failure(FailureClass.OOM_AT_LOAD, "oom at load")),))
+    p = pending(plan(), steps, [load_oom])
+    assert p.steps == 0 and p.lanes == ()
+
+
+def test_passing_skips_are_pending_again() -> None:
+    steps = [record("a/default/refs-1/f-seed-1", Status.OK),
+             record("a/default/refs-2/f-seed-1", Status.SKIPPED, skip_reason="run interrupted"),
+             record("b/default/refs-1/f-seed-1", Status.SKIPPED, skip_reason="server did not start: load_exit")]
+    not_oom = SessionRecord("b/default", "b", "default", "default", "local",
+                            (ServerStart(0, 0.0, None, Failure(FailureClass.LOAD_EXIT, "exit 1")),))
+    p = pending(plan(), steps, [not_oom])
+    by_key = {s.key: [st.references for st in s.steps] for s in p.sessions}
+    assert by_key == {"a/default": [2, 3], "a/offload": [1, 2, 3], "b/default": [1, 2, 3]}
+    assert p.steps == 8
