@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
+from runner import policy
 from runner.plan import Step
-from runner.policy import (
-    Begin, CheckIdle, Finish, IdleChecked, Interrupted, Rules, Send, Sent, Skip, Skipped, Start, Started, State,
-    initial, next_action,
-)
+from runner.policy import Begin, CheckIdle, Finish, IdleChecked, Rules, Send, Sent, Skip, Skipped, Start, Started
 from runner.records import Failure, FailureClass, Status, StepRecord
 
 RULES = Rules(restarts=1, stop_after_oom=True, oom_implies_seeds=True, determinism_resend=True, gpu_gate=False)
@@ -16,11 +14,11 @@ def steps(refs=(1, 2, 3, 4), seeds=(1, 2), fixtures=("f",)) -> tuple[Step, ...]:
     return tuple(Step("c", "default", fx, n, s) for n in refs for fx in fixtures for s in seeds)
 
 
-def drive(state: State, answer) -> list:
+def drive(state: policy.State, answer) -> list:
     """Run the policy to Finish; `answer(action)` plays the I/O loop. Returns the actions taken."""
     actions, outcome = [], Begin()
     for _ in range(1000):
-        state, action = next_action(state, outcome)
+        state, action = policy.next_action(state, outcome)
         actions.append(action)
         if isinstance(action, Finish):
             return actions
@@ -49,7 +47,7 @@ def skipped(actions) -> list[tuple[Step, Skip]]:
 
 
 def test_everything_served_one_start_and_the_first_step_resent_once() -> None:
-    actions = drive(initial(RULES, steps(), [], attempt=0), serve_all)
+    actions = drive(policy.initial(RULES, steps(), [], attempt=0), serve_all)
     assert [a for a in actions if isinstance(a, Start)] == [Start(0)]
     assert sent(actions) == list(steps())
     assert [a.determinism_resend for a in actions if isinstance(a, Send)] == [True] + [False] * 7
@@ -59,7 +57,7 @@ def test_determinism_already_checked_before_a_resume_is_not_resent() -> None:
     first = steps()[0]
     record = StepRecord(key=first.key, card="c", flags="default", role="default", fixture="f", references=1, seed=1,
                         status=Status.OK, deterministic=True)
-    actions = drive(initial(RULES, steps()[1:], [record], attempt=1), serve_all)
+    actions = drive(policy.initial(RULES, steps()[1:], [record], attempt=1), serve_all)
     assert not any(a.determinism_resend for a in actions if isinstance(a, Send))
     assert [a for a in actions if isinstance(a, Start)] == [Start(1)]  # numbering continues
 
@@ -70,7 +68,7 @@ def test_oom_implies_larger_counts_and_the_other_seeds_at_that_count() -> None:
             return Sent(action.step, FailureClass.OOM, False)
         return serve_all(action)
 
-    actions = drive(initial(RULES, steps(), [], attempt=0), oom_at_2)
+    actions = drive(policy.initial(RULES, steps(), [], attempt=0), oom_at_2)
     assert [(s.references, s.seed) for s in sent(actions)] == [(1, 1), (1, 2), (2, 1)]
     implied = skipped(actions)
     assert [(s.references, s.seed) for s, _ in implied] == [(2, 2), (3, 1), (3, 2), (4, 1), (4, 2)]
@@ -88,7 +86,7 @@ def test_opting_out_sends_the_other_seeds_at_the_oom_count() -> None:
             return Sent(action.step, FailureClass.OOM, False)
         return serve_all(action)
 
-    actions = drive(initial(rules, steps(), [], attempt=0), oom_at_2)
+    actions = drive(policy.initial(rules, steps(), [], attempt=0), oom_at_2)
     assert [(s.references, s.seed) for s in sent(actions)] == [(1, 1), (1, 2), (2, 1), (2, 2)]
     assert [(s.references, s.seed) for s, _ in skipped(actions)] == [(3, 1), (3, 2), (4, 1), (4, 2)]
 
@@ -101,7 +99,7 @@ def test_oom_implies_other_seeds_only_of_the_same_fixture() -> None:
             return Sent(action.step, FailureClass.OOM, False)
         return serve_all(action)
 
-    actions = drive(initial(RULES, all_steps, [], attempt=0), oom_a2)
+    actions = drive(policy.initial(RULES, all_steps, [], attempt=0), oom_a2)
     assert [(s.references, s.fixture, s.seed) for s, _ in skipped(actions)] == [(2, "a", 2)]
     assert (2, "b", 1) in [(s.references, s.fixture, s.seed) for s in sent(actions)]
 
@@ -109,7 +107,7 @@ def test_oom_implies_other_seeds_only_of_the_same_fixture() -> None:
 def test_recorded_oom_still_implies_after_resume() -> None:
     oom = StepRecord(key="c/default/refs-2/f-seed-1", card="c", flags="default", role="default", fixture="f",
                      references=2, seed=1, status=Status.FAILED, failure=Failure(FailureClass.OOM, "oom"))
-    actions = drive(initial(RULES, steps()[3:], [oom], attempt=1), serve_all)
+    actions = drive(policy.initial(RULES, steps()[3:], [oom], attempt=1), serve_all)
     assert sent(actions) == []
     assert [a for a in actions if isinstance(a, Start)] == []  # nothing to send: no server is started
     assert all(a.implied_by == oom.key for _, a in skipped(actions))
@@ -124,7 +122,7 @@ def test_restart_budget_after_lost_servers() -> None:
             return Sent(action.step, FailureClass.CRASH if len(lost) % 2 == 0 else None, len(lost) % 2 == 0)
         return serve_all(action)
 
-    actions = drive(initial(RULES, steps(refs=(0, 1, 2), seeds=(1, 2)), [], attempt=0), crash_every_second_send)
+    actions = drive(policy.initial(RULES, steps(refs=(0, 1, 2), seeds=(1, 2)), [], attempt=0), crash_every_second_send)
     assert [a for a in actions if isinstance(a, Start)] == [Start(0), Start(1)]  # one restart allowed
     assert len(sent(actions)) == 4
     rest = skipped(actions)
@@ -137,7 +135,7 @@ def test_a_lost_server_on_the_last_step_is_not_restarted() -> None:
             return Sent(action.step, FailureClass.TIMEOUT, True)
         return serve_all(action)
 
-    actions = drive(initial(RULES, steps(), [], attempt=0), lose_last)
+    actions = drive(policy.initial(RULES, steps(), [], attempt=0), lose_last)
     assert [a for a in actions if isinstance(a, Start)] == [Start(0)]
 
 
@@ -145,7 +143,7 @@ def test_a_failed_start_is_not_retried_and_skips_everything() -> None:
     def oom_at_load(action):
         return Started(FailureClass.OOM_AT_LOAD) if isinstance(action, Start) else serve_all(action)
 
-    actions = drive(initial(RULES, steps(), [], attempt=0), oom_at_load)
+    actions = drive(policy.initial(RULES, steps(), [], attempt=0), oom_at_load)
     assert sent(actions) == [] and len([a for a in actions if isinstance(a, Start)]) == 1
     assert len(skipped(actions)) == 8 and skipped(actions)[0][1].reason == "server did not start: oom_at_load"
 
@@ -162,20 +160,20 @@ def test_idle_gpu_gate_before_every_start() -> None:
             return Sent(action.step, FailureClass.CRASH, True)
         return serve_all(action)
 
-    actions = drive(initial(gated, steps(), [], attempt=0), busy_on_second_check)
+    actions = drive(policy.initial(gated, steps(), [], attempt=0), busy_on_second_check)
     assert len(checks) == 2 and [a for a in actions if isinstance(a, Start)] == [Start(0)]
     assert all("held by pid 42" in a.reason for _, a in skipped(actions)) and len(skipped(actions)) == 5
 
 
 def test_interrupt_skips_what_is_left_and_finishes() -> None:
-    state = initial(RULES, steps(), [], attempt=0)
-    state, action = next_action(state, Begin())
-    state, action = next_action(state, Started(None))
+    state = policy.initial(RULES, steps(), [], attempt=0)
+    state, action = policy.next_action(state, Begin())
+    state, action = policy.next_action(state, Started(None))
     assert isinstance(action, Send)
-    state, action = next_action(state, Interrupted())
+    state, action = policy.next_action(state, policy.Interrupted())
     assert isinstance(action, Skip) and action.reason == "run interrupted" and len(action.steps) == 7
-    assert next_action(state, Skipped())[1] == Finish()
+    assert policy.next_action(state, Skipped())[1] == Finish()
 
 
 def test_nothing_pending_finishes_without_a_start() -> None:
-    assert next_action(initial(RULES, (), [], attempt=3), Begin())[1] == Finish()
+    assert policy.next_action(policy.initial(RULES, (), [], attempt=3), Begin())[1] == Finish()

@@ -27,11 +27,13 @@ OOM_TEXT = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 G
 pytestmark = pytest.mark.slow
 
 
-def matrix(tmp: Path, body: str, *, seeds: str = "[1]", request_timeout: int = 30, ready_timeout: int = 90) -> Path:
+def matrix(tmp: Path, body: str, *, seeds: str = "[1]", request_timeout: int = 30, ready_timeout: int = 90,
+           repeats: int = 1) -> Path:
     text = textwrap.dedent(f"""
         [run]
         name = "e2e"
         seeds = {seeds}
+        repeats = {repeats}
         steps = 2
         size = "128x128"
         request_timeout_s = {request_timeout}
@@ -150,7 +152,8 @@ def test_crash_restarts_once_and_records_lost_steps(tmp_path: Path) -> None:
         references = [0, 1, 2]
         """, seeds="[1, 2]")
     proc, run_dir = run(path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 1, proc.stderr[-2000:]  # a step is left that a resume would send
+    assert "1 step(s) not done" in proc.stderr and "--resume" in proc.stderr
     keys = [f"roomy/dies/refs-{n}/shapes-seed-{s}" for n in range(3) for s in (1, 2)]
     got = [step(run_dir, k) for k in keys]
     assert [g["status"] for g in got] == ["ok", "failed", "ok", "ok", "failed", "skipped"]
@@ -196,7 +199,7 @@ def test_hang_times_out_restarts_and_start_failures_are_classified(tmp_path: Pat
                    {{card = "dies-at-load", flags = "hang"}}]
         """, request_timeout=4, ready_timeout=20)
     proc, run_dir = run(path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 1, proc.stderr[-2000:]  # the never-ready card is left to a resume
     hung = step(run_dir, "roomy/hang/refs-2/shapes-seed-1")
     assert hung["failure"]["kind"] == "timeout" and hung["lost"] and 3.5 < hung["wall_s"] < 10
     session = json.loads((run_dir / "roomy/hang/session.json").read_text())
@@ -238,23 +241,30 @@ def test_interrupt_keeps_records_and_resume_finishes(tmp_path: Path) -> None:
     assert proc.returncode == 130, err[-2000:]
     assert "interrupted" in err and "Traceback" not in err
     run_dir = next(tmp_path.glob("results/e2e-*"))
-    done = {p.stem for p in run_dir.glob("roomy/default/refs-*/*.json")
-            if json.loads(p.read_text())["status"] == "ok"}
+    # what was kept and the exact resume command are printed; a partial report is written
+    assert f"runner {path} --resume {run_dir}" in err and "kept " in err
+    report = (run_dir / "report.md").read_text()
+    assert "interrupted" in report and "run interrupted" in report
+    records = {p: p.read_bytes() for p in run_dir.glob("roomy/default/refs-*/*.json")}
+    done = {p for p, text in records.items() if json.loads(text)["status"] == "ok"}
     assert 3 <= len(done) < 20
-    interrupted = [json.loads(p.read_text()) for p in run_dir.glob("roomy/default/refs-*/*.json")]
-    assert any(r["status"] == "skipped" and r["skip_reason"] == "run interrupted" for r in interrupted)
+    assert any(json.loads(t)["status"] == "skipped" and json.loads(t)["skip_reason"] == "run interrupted"
+               for t in records.values())
     no_server_left(run_dir)
     resumed = subprocess.run([sys.executable, "-m", "runner", str(path), "--no-progress", "--resume", str(run_dir)],
                              capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    records = [json.loads(p.read_text()) for p in run_dir.glob("roomy/default/refs-*/*.json")]
-    assert len(records) == 20 and all(r["status"] == "ok" for r in records)
+    after = [json.loads(p.read_text()) for p in run_dir.glob("roomy/default/refs-*/*.json")]
+    assert len(after) == 20 and all(r["status"] == "ok" for r in after)
     session = json.loads((run_dir / "roomy/default/session.json").read_text())
     assert [s["attempt"] for s in session["starts"]] == [0, 1]  # the first run's start is kept
     assert any(n.startswith("resumed with") for n in session["notes"])
     assert (run_dir / "roomy/default/server.1.log").is_file()
-    # the steps finished before the interrupt were not sent again
-    assert f"{len(done) and 20 - len(done)} request(s)" in resumed.stderr or "request(s)" in resumed.stderr
+    # the steps finished before the interrupt were not sent again: their records are byte for byte the same,
+    # and the banner announced only the rest
+    assert all(p.read_bytes() == records[p] for p in done)
+    assert f"{20 - len(done)} step(s) to send of 20" in resumed.stderr
+    assert sum(r["attempt"] == 1 for r in after) == 20 - len(done)
 
 
 def test_openai_images_dialect_and_require_idle_gpu_without_a_way_to_check(tmp_path: Path) -> None:
@@ -282,7 +292,7 @@ def test_openai_images_dialect_and_require_idle_gpu_without_a_way_to_check(tmp_p
     text = path.read_text().replace("[run]\n", "[run]\nrequire_idle_gpu = true\n", 1)
     path.write_text(text)
     proc, run_dir = run(path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 1, proc.stderr[-2000:]  # the GPU card's step is left to a resume
     ok = step(run_dir, "cpu/default/refs-0/shapes-seed-1")
     assert ok["status"] == "ok" and ok["request"]["path"] == "/v1/images/generations"
     assert ok["scores"]["sanity"]["width"] == 128 and ok["deterministic"] is True
@@ -332,3 +342,150 @@ def test_sealed_baseline_directory_scores_each_step_and_report_reruns(tmp_path: 
                            timeout=120, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "fits-resident" in (run_dir / "report.md").read_text() and "warning" not in again.stderr
+
+
+def tree(run_dir: Path) -> dict[Path, bytes]:
+    """Every step and session record and server log of a run, by path."""
+    return {p: p.read_bytes() for p in run_dir.glob("*/*/**/*")
+            if p.is_file() and p.suffix in (".json", ".log", ".png", ".csv")}
+
+
+def test_resume_of_a_finished_run_starts_nothing_and_sends_nothing(tmp_path: Path) -> None:
+    path = matrix(tmp_path, f"""
+        [servers.oom-at-load]
+        command = ["{sys.executable}", "-c", "import sys; print('{OOM_TEXT}'); sys.exit(1)"]
+
+        [cards.tight]
+        server = "ref"
+        vram_mib = 7.75
+
+        [cards.dies-at-load]
+        server = "oom-at-load"
+        vram_gib = 1
+
+        [flags.default]
+        role = "default"
+
+        [matrix]
+        references = [1, 2, 3, 4]
+        """, seeds="[1, 2]")
+    first, run_dir = run(path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    # tight: OOM at 3 refs (seed 1); seed 2 at 3 and everything at 4 are implied by it, not sent
+    implied = [step(run_dir, f"tight/default/refs-{n}/shapes-seed-{s}") for n, s in ((3, 2), (4, 1), (4, 2))]
+    assert all(r["status"] == "skipped" and r["implied_by"] == "tight/default/refs-3/shapes-seed-1" for r in implied)
+    assert step(run_dir, "tight/default/refs-3/shapes-seed-1")["failure"]["kind"] == "oom"
+    before = tree(run_dir)
+    t0 = time.monotonic()
+    again = subprocess.run([sys.executable, "-m", "runner", str(path), "--no-progress", "--resume", str(run_dir)],
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    elapsed = time.monotonic() - t0
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "nothing left to send" in again.stderr
+    # no server started (no new log, session.json unchanged), no request sent (step records unchanged)
+    assert tree(run_dir) == before
+    assert elapsed < 10, elapsed
+    assert "tight: " in again.stdout and "dies-at-load: not-built" in again.stdout
+
+
+def test_kill_mid_session_resume_continues_it_and_keeps_the_killed_start(tmp_path: Path) -> None:
+    path = matrix(tmp_path, """
+        [cards.roomy]
+        server = "ref"
+        vram_mib = 64
+
+        [flags.first]
+        role = "default"
+
+        [flags.second]
+        role = "offload"
+        args = ["--cond-cache", "host"]
+
+        [matrix]
+        references = [0, 1, 2, 3]
+        """, seeds="[1, 2, 3]")
+    proc = subprocess.Popen([sys.executable, "-m", "runner", str(path), "--no-progress"], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and len(list(tmp_path.glob("results/e2e-*/roomy/second/refs-*/*.json"))) < 3:
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGKILL)  # no cleanup of the runner's own: records are what was written
+    proc.wait(timeout=30)
+    run_dir = next(tmp_path.glob("results/e2e-*"))
+    time.sleep(3)  # the killed runner's server notices its parent is gone or is left; it is not ours to judge
+    first_session = (run_dir / "roomy/first/session.json").read_bytes()
+    kept = {p: p.read_bytes() for p in run_dir.glob("roomy/*/refs-*/*.json")}
+    killed = json.loads((run_dir / "roomy/second/session.json").read_text())
+    assert len(killed["starts"]) == 1 and killed["starts"][0]["stopped_at"] is None  # open when killed
+    samples = (run_dir / "roomy/second/memory.csv").read_text().splitlines()
+    assert len(samples) > 2
+    resumed = subprocess.run([sys.executable, "-m", "runner", str(path), "--no-progress", "--resume", str(run_dir)],
+                             capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "1 of 2 session(s)" in resumed.stderr
+    # the finished session was not restarted; the killed one continued with a new start after the killed one
+    assert (run_dir / "roomy/first/session.json").read_bytes() == first_session
+    assert not (run_dir / "roomy/first/server.1.log").exists()
+    session = json.loads((run_dir / "roomy/second/session.json").read_text())
+    assert [s["attempt"] for s in session["starts"]] == [0, 1]
+    assert session["starts"][0]["started_at"] == killed["starts"][0]["started_at"]
+    memory = (run_dir / "roomy/second/memory.csv").read_text().splitlines()
+    assert set(samples[1:]) <= set(memory[1:])  # the killed start's samples are kept
+    assert any(line.split(",")[1] == "1" for line in memory[1:])
+    assert all(p.read_bytes() == text for p, text in kept.items())  # finished steps not sent again
+    records = [json.loads(p.read_text()) for p in run_dir.glob("roomy/*/refs-*/*.json")]
+    assert len(records) == 24 and all(r["status"] == "ok" for r in records)
+
+
+def test_repeats_are_timed_and_compared_and_a_failing_repeat_is_what_it_is(tmp_path: Path) -> None:
+    path = matrix(tmp_path, """
+        [cards.roomy]
+        server = "ref"
+        vram_mib = 64
+
+        [flags.default]
+        role = "default"
+
+        [flags.repeat-dies]
+        role = "offload"
+        args = ["--fault", "exit@2"]
+
+        [matrix]
+        references = [0, 1]
+        """, repeats=3, request_timeout=10)
+    proc, run_dir = run(path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    ok = step(run_dir, "roomy/default/refs-1/shapes-seed-1")
+    assert len(ok["wall_samples_s"]) == 3 and ok["wall_s"] == ok["wall_samples_s"][0]
+    assert ok["deterministic"] is True and ok["request"]["sends"] == 3
+    # the second send of the first step kills the server: a crash (lost), not "served, not deterministic"
+    died = step(run_dir, "roomy/repeat-dies/refs-0/shapes-seed-1")
+    assert died["status"] == "failed" and died["failure"]["kind"] == "crash" and died["lost"]
+    assert died["deterministic"] is None and "send 2 of 3" in died["failure"]["message"]
+    assert died["wall_samples_s"] == [died["wall_s"]]
+    # the next step is not charged: the server was restarted for it (and dies again at its own 2nd send)
+    nxt = step(run_dir, "roomy/repeat-dies/refs-1/shapes-seed-1")
+    assert nxt["attempt"] == 1 and "send 2 of 3" in nxt["failure"]["message"]
+
+
+def test_determinism_resend_that_hangs_is_a_timeout_and_does_not_charge_the_next_step(tmp_path: Path) -> None:
+    path = matrix(tmp_path, """
+        [cards.roomy]
+        server = "ref"
+        vram_mib = 64
+
+        [flags.resend-hangs]
+        role = "default"
+        args = ["--fault", "hang@2"]
+
+        [matrix]
+        references = [0, 1]
+        """, request_timeout=4)
+    proc, run_dir = run(path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    hung = step(run_dir, "roomy/resend-hangs/refs-0/shapes-seed-1")
+    assert hung["status"] == "failed" and hung["failure"]["kind"] == "timeout" and hung["lost"]
+    assert hung["deterministic"] is None and "send 2 of 2" in hung["failure"]["message"]
+    assert hung["wall_samples_s"] == [hung["wall_s"]] and hung["wall_s"] < 4  # the timed send was served
+    nxt = step(run_dir, "roomy/resend-hangs/refs-1/shapes-seed-1")
+    assert nxt["status"] == "ok" and nxt["attempt"] == 1 and nxt["wall_s"] < 4
