@@ -13,7 +13,6 @@ import hashlib
 import io
 import re
 import socket
-import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,7 +26,7 @@ from runner import backends, baseline, dialects, policy, scoring
 from runner.backends.base import RunningServer, ServerSpec, StartFailed
 from runner.events import Events
 from runner.failures import classify_request
-from runner.matrix import Card, FlagSet, Matrix
+from runner.matrix import Matrix
 from runner.meters import Meter, build_meters, idle_baseline
 from runner.pending import Pending, pending
 from runner.plan import Plan, Session, Step
@@ -64,31 +63,15 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_.-]+", "-", text)
 
 
-def render(template: str, values: dict[str, str]) -> str:
-    return template.format_map(values)
-
-
-def server_spec(ctx: RunContext, card: Card, flags: FlagSet, attempt: int) -> ServerSpec:
-    """Server profile + card + flag set → what the backend starts. Placeholders are filled here."""
-    profile = ctx.matrix.servers[card.server]
-    docker = card.backend == "docker"
-    port = profile.port if (profile.port and not docker) else (0 if docker else free_port())
-    values = {"port": str(profile.port if docker else port), "host": "0.0.0.0" if docker else "127.0.0.1",
-              "model": profile.model, "python": sys.executable, "card": card.name, "gpu": card.gpu or "",
-              "vram_gib": f"{card.vram_gib:g}", "flags": flags.name}
-    argv = tuple(render(a, values) for a in (*profile.command, *flags.args))
-    env = {k: render(v, values) for k, v in {**profile.env, **card.env, **flags.env}.items()}
-    session_dir = ctx.store.session_dir(f"{card.name}/{flags.name}")
-    return ServerSpec(
-        name=_slug(f"runner-{ctx.run_id}-{card.name}-{flags.name}-{attempt}").lower(), argv=argv, env=env,
-        host="127.0.0.1", port=port, health_path=profile.health_path,
-        log_path=session_dir / ("server.log" if attempt == 0 else f"server.{attempt}.log"),
-        image=profile.image, container_port=profile.port or None, publish_host=card.publish_host,
-        docker_host=card.docker_host, gpu=card.gpu, mounts=profile.mounts, shm_size=profile.shm_size,
-        ipc_mode=profile.ipc_mode,
-        labels={"runner.managed": "true", "runner.run": ctx.run_id, "runner.card": card.name,
-                "runner.flags": flags.name, "runner.attempt": str(attempt)},
-    )
+def server_spec(ctx: RunContext, session: Session, attempt: int) -> ServerSpec:
+    """The planned server of a session for one start: a free port when the plan leaves it to the start."""
+    server = session.server
+    assert server is not None, "make_plan renders every session's server"
+    port = server.port if server.backend == "docker" or server.port else free_port()
+    return ServerSpec.from_plan(
+        server, name=_slug(f"runner-{ctx.run_id}-{session.card}-{session.flags}-{attempt}").lower(), port=port,
+        log_path=ctx.store.session_dir(session.key) / ("server.log" if attempt == 0 else f"server.{attempt}.log"),
+        labels={"runner.run": ctx.run_id, "runner.attempt": str(attempt)})
 
 
 def _mime(data: bytes) -> str:
@@ -401,7 +384,7 @@ class _Server:
 
     def __init__(self, runner: SessionRunner, attempt: int, log: _SessionLog) -> None:
         self.runner, self.attempt, self.log = runner, attempt, log
-        self.spec = server_spec(runner.ctx, runner.card, runner.flags, attempt)
+        self.spec = server_spec(runner.ctx, runner.session, attempt)
         self.server = backends.create(runner.card.backend, self.spec)
         self.meters = build_meters(runner.card, self.server, runner.run.sample_hz)
         self.ticker = _MemoryTicker(runner.ctx.events, runner.card.name, self.meters)

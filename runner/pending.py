@@ -9,7 +9,7 @@ start failure that is not memory) are to do again. Resume, the banner and the pr
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from runner.plan import Lane, Plan, Session
 from runner.records import FailureClass, SessionRecord, Status, StepRecord
@@ -44,7 +44,7 @@ def pending(plan: Plan, steps: Iterable[StepRecord], sessions: Iterable[SessionR
     decided = {s.key for s in sessions if oom_at_load(s)}
     lanes = []
     for lane in plan.lanes:
-        todo = tuple(Session(s.card, s.flags, left) for s in lane.sessions if s.key not in decided
+        todo = tuple(replace(s, steps=left) for s in lane.sessions if s.key not in decided
                      if (left := tuple(st for st in s.steps if st.key not in done)))
         if todo:
             lanes.append(Lane(lane.name, tuple(dict.fromkeys(s.card for s in todo)), todo))

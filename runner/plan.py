@@ -6,14 +6,25 @@ on one H200) share a lane and run one after another, so a whole-device meter nev
 server. Cards without a GPU (CPU emulation, accounted memory) get a lane each.
 
 A step's key is its path in the run directory and its resume key.
+
+The plan is complete: each session carries the exact server it starts (argv, env, image, backend, labels,
+rendered from the profile, card and flag set with every placeholder filled but a runtime-picked port) and
+the request shape its steps send (everything but the port and the image bytes). `runner plan` prints it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import shlex
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
-from runner.matrix import Matrix
+from runner.matrix import Card, FlagSet, Matrix, Mount, ServerProfile
+from runner.secrets import MASK, mask_env
 from runner.units import GIB, fmt_bytes
+
+RUNTIME_PORT = "{port}"  # left in argv/env when the local backend picks a free port at each start
 
 
 @dataclass(frozen=True)
@@ -30,10 +41,59 @@ class Step:
 
 
 @dataclass(frozen=True)
+class ServerPlan:
+    """Exactly what a session starts. `port` 0: a free port is picked at each start and put where the
+    argv/env say RUNTIME_PORT; otherwise the rendered argv/env are final."""
+
+    backend: str  # a runner.backends name
+    argv: tuple[str, ...]  # the command (local) or the container's arguments (docker)
+    env: Mapping[str, str]  # the real values: shown or stored only through secrets.mask_env
+    image: str | None
+    port: int  # the port the runner reaches (local) / the container port (docker); 0 = picked per start
+    health_path: str
+    labels: Mapping[str, str]  # the run id and attempt are added at start
+    docker_host: str | None = None
+    gpu: str | None = None
+    publish_host: str = "127.0.0.1"
+    mounts: tuple[Mount, ...] = ()
+    shm_size: str | None = None
+    ipc_mode: str | None = None
+
+    def with_port(self, port: int) -> tuple[tuple[str, ...], dict[str, str]]:
+        """argv and env of one start, the runtime port filled in."""
+        fill = str(port)
+        return (tuple(a.replace(RUNTIME_PORT, fill) for a in self.argv),
+                {k: v.replace(RUNTIME_PORT, fill) for k, v in self.env.items()})
+
+    def command_line(self) -> str:
+        return shlex.join(self.argv)
+
+
+@dataclass(frozen=True)
+class RequestShape:
+    """What every step of a session sends, but its reference images' bytes, its seed and the port."""
+
+    dialect: str
+    model: str
+    prompt_by_fixture: Mapping[str, str]
+    steps: int
+    size: tuple[int, int] | None
+    true_cfg_scale: float | None
+    negative_prompt: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dialect": self.dialect, "model": self.model, "steps": self.steps,
+                "size": list(self.size) if self.size else None, "true_cfg_scale": self.true_cfg_scale,
+                "negative_prompt": self.negative_prompt}
+
+
+@dataclass(frozen=True)
 class Session:
     card: str
     flags: str
     steps: tuple[Step, ...]
+    server: ServerPlan | None = field(default=None, compare=False)
+    request: RequestShape | None = field(default=None, compare=False)
 
     @property
     def key(self) -> str:
@@ -71,6 +131,37 @@ def device_of(matrix: Matrix, card: str) -> str:
     return f"{c.docker_host or 'local'}#gpu{c.gpu}"
 
 
+def render(template: str, values: Mapping[str, str]) -> str:
+    """Fill the matrix's placeholders (names only, checked at load)."""
+    return template.format_map(values)
+
+
+def server_plan(matrix: Matrix, card: Card, flags: FlagSet) -> ServerPlan:
+    """Server profile + card + flag set → exactly what the backend starts."""
+    profile: ServerProfile = matrix.servers[card.server]
+    docker = card.backend == "docker"
+    # A container listens on its profile port (published to a free host port); a local server on the
+    # profile's fixed port, or on one picked at each start.
+    port = profile.port if (docker or profile.port) else 0
+    values = {"port": str(port) if port else RUNTIME_PORT, "host": "0.0.0.0" if docker else "127.0.0.1",
+              "model": profile.model, "python": sys.executable, "card": card.name, "gpu": card.gpu or "",
+              "vram_gib": f"{card.vram_gib:g}", "flags": flags.name}
+    return ServerPlan(
+        backend=card.backend, argv=tuple(render(a, values) for a in (*profile.command, *flags.args)),
+        env={k: render(v, values) for k, v in {**profile.env, **card.env, **flags.env}.items()},
+        image=profile.image, port=port, health_path=profile.health_path,
+        labels={"runner.managed": "true", "runner.card": card.name, "runner.flags": flags.name},
+        docker_host=card.docker_host, gpu=card.gpu, publish_host=card.publish_host, mounts=profile.mounts,
+        shm_size=profile.shm_size, ipc_mode=profile.ipc_mode)
+
+
+def request_shape(matrix: Matrix, card: Card) -> RequestShape:
+    profile, run = matrix.servers[card.server], matrix.run
+    return RequestShape(dialect=profile.dialect, model=profile.model,
+                        prompt_by_fixture={n: f.prompt for n, f in matrix.fixtures.items()}, steps=run.steps,
+                        size=run.size, true_cfg_scale=run.true_cfg_scale, negative_prompt=run.negative_prompt)
+
+
 def make_plan(matrix: Matrix) -> Plan:
     axes, seeds = matrix.axes, matrix.run.seeds
     by_device: dict[str, list[Session]] = {}
@@ -80,9 +171,11 @@ def make_plan(matrix: Matrix) -> Plan:
         # A baseline cell on this card runs first, so its images exist before the others are scored.
         if matrix.baseline and matrix.baseline.cell and matrix.baseline.cell[0] in (card, None):
             flag_names.sort(key=lambda f: f != matrix.baseline.cell[1])
+        c = matrix.cards[card]
         sessions = tuple(
             Session(card, flags, tuple(Step(card, flags, fx, n, seed)
-                                       for n in axes.references for fx in axes.fixtures for seed in seeds))
+                                       for n in axes.references for fx in axes.fixtures for seed in seeds),
+                    server_plan(matrix, c, matrix.flags[flags]), request_shape(matrix, c))
             for flags in flag_names
         )
         if sessions:
@@ -98,8 +191,9 @@ def describe(plan: Plan, matrix: Matrix) -> str:
     size = "server default" if run.size is None else f"{run.size[0]}x{run.size[1]}"
     lines = [
         f"matrix {matrix.path} (sha256 {matrix.sha256[:12]}), run '{run.name}'",
-        f"{len(plan.lanes)} lane(s) in parallel, {len(plan.sessions)} server start(s), "
-        f"{len(plan.steps)} request(s); {run.steps} steps, size {size}, seeds {list(run.seeds)}",
+        f"{len(plan.lanes)} lane(s) in parallel, {len(plan.sessions)} session(s), "
+        f"{len(plan.steps)} step(s) × {run.repeats} timed send(s); {run.steps} steps, size {size}, "
+        f"seeds {list(run.seeds)}",
     ]
     for lane in plan.lanes:
         if len(lane.cards) > 1:
@@ -111,12 +205,26 @@ def describe(plan: Plan, matrix: Matrix) -> str:
                 lines.append(f"card {s.card}: {fmt_bytes(card.vram_gib * GIB)}, gpu {card.gpu or '-'}, {where}, "
                              f"server '{card.server}', meters {', '.join(card.meters)}")
             fs = matrix.flags[s.flags]
-            args = " ".join(fs.args) or "(no extra args)"
-            env = " ".join(f"{k}={v}" for k, v in fs.env.items())
-            lines.append(f"  session {s.key} [{fs.role}]: {args}{'  env ' + env if env else ''}")
+            lines.append(f"  session {s.key} [{fs.role}]")
+            if s.server is not None:
+                srv = s.server
+                what = f"image {srv.image} on {srv.docker_host or 'local engine'}" if srv.backend == "docker" \
+                    else "local process"
+                port = "a free port picked at each start" if srv.port == 0 else str(srv.port)
+                lines.append(f"    starts ({what}, port {port}, ready at GET {srv.health_path}):")
+                lines.append(f"      {srv.command_line() or '(image default command)'}")
+                env = mask_env(srv.env)
+                if env:
+                    shown = (f"{k}={v if v == MASK else shlex.quote(v)}" for k, v in env.items())
+                    lines.append("      env " + " ".join(shown))
             refs = sorted({st.references for st in s.steps})
-            lines.append(f"    {len(s.steps)} request(s): references {refs} × fixtures "
+            lines.append(f"    {len(s.steps)} step(s) × {run.repeats} timed send(s): references {refs} × fixtures "
                          f"{list(matrix.axes.fixtures)} × seeds {list(run.seeds)}")
+            if s.request is not None:
+                rq = s.request
+                lines.append(f"    request: {rq.dialect}, model {rq.model!r}, {rq.steps} steps, size {size}"
+                             f"{'' if rq.true_cfg_scale is None else f', true_cfg_scale {rq.true_cfg_scale:g}'}"
+                             f"{'' if rq.negative_prompt is None else ', negative prompt'}")
     if matrix.baseline:
         b = matrix.baseline
         cell = b.cell and (f"{b.cell[0]}/{b.cell[1]}" if b.cell[0] else f"each card's own '{b.cell[1]}'")

@@ -17,6 +17,7 @@ import httpx
 
 from runner.failures import classify_start
 from runner.matrix import Mount
+from runner.plan import ServerPlan
 from runner.records import Failure
 
 
@@ -42,6 +43,18 @@ class ServerSpec:
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @classmethod
+    def from_plan(cls, server: ServerPlan, *, name: str, port: int, log_path: Path,
+                  labels: Mapping[str, str]) -> ServerSpec:
+        """One start of a planned server: the runtime port (local, picked per start) and the run's labels."""
+        argv, env = server.with_port(port)
+        docker = server.backend == "docker"
+        return cls(name=name, argv=argv, env=env, host="127.0.0.1", port=0 if docker else port,
+                   health_path=server.health_path, log_path=log_path, image=server.image,
+                   container_port=server.port or None, publish_host=server.publish_host,
+                   docker_host=server.docker_host, gpu=server.gpu, mounts=server.mounts, shm_size=server.shm_size,
+                   ipc_mode=server.ipc_mode, labels={**server.labels, **labels})
 
 
 @dataclass(frozen=True)

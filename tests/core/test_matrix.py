@@ -94,7 +94,27 @@ def test_plan_orders_steps_and_puts_baseline_cell_first(matrix_dir: Path) -> Non
     assert [(s.references, s.seed) for s in steps] == [(1, 1), (1, 2), (2, 1), (2, 2)]
     assert steps[0].key == "small/host-cache/refs-1/pair-seed-1"
     text = describe(plan, m)
-    assert "2 server start(s), 8 request(s)" in text and "--cond-cache host" in text
+    assert "2 session(s), 8 step(s) × 2 timed send(s)" in text and "--cond-cache host" in text
+
+
+def test_plan_renders_each_sessions_full_server_command_and_masked_env(matrix_dir: Path) -> None:
+    path = edit(matrix_dir, 'args = ["--cond-cache", "host"]',
+                'args = ["--cond-cache", "host"]\nenv = {HF_TOKEN = "hf_secret123", CACHE_DIR = "/c/{card}"}')
+    m = load_matrix(path)
+    session = make_plan(m).sessions[1]
+    assert session.server is not None and session.server.backend == "local" and session.server.port == 0
+    assert session.server.argv == (sys.executable, "-m", "runner.refserver", "--port", "{port}", "--vram-gib",
+                                   "0.5", "--cond-cache", "host")
+    assert session.server.env == {"HF_TOKEN": "hf_secret123", "CACHE_DIR": "/c/small"}
+    assert session.server.labels["runner.flags"] == "host-cache"
+    argv, env = session.server.with_port(41234)
+    assert argv[4] == "41234" and env["CACHE_DIR"] == "/c/small"
+    proc = subprocess.run([sys.executable, "-m", "runner", "plan", str(path)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{sys.executable} -m runner.refserver --port '{{port}}' --vram-gib 0.5 --cond-cache host" in proc.stdout
+    assert "env HF_TOKEN=*** CACHE_DIR=/c/small" in proc.stdout and "hf_secret123" not in proc.stdout
+    assert "a free port picked at each start" in proc.stdout
 
 
 def test_exclude_removes_sessions(matrix_dir: Path) -> None:
