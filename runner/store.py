@@ -15,12 +15,19 @@ import os
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from runner.records import SessionRecord, StepRecord
 
-if TYPE_CHECKING:  # a type only: the store does not pull the meters package (and httpx) in
-    from runner.meters.base import Series
+
+class Series(Protocol):
+    """A memory series as the store writes it (runner.meters.base.Series is one); the store does not pull
+    the meters package, and with it httpx, in."""
+
+    source: str
+    metric: str
+    t: tuple[float, ...]
+    value: tuple[int, ...]
 
 
 def atomic_write(path: Path, data: bytes) -> None:
