@@ -5,4 +5,4 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh --dev
 scripts/services.sh
 .venv/bin/ruff check .
-.venv/bin/python -m pytest -q
+.venv/bin/python -m pytest -q --durations=15   # the 15 slowest tests, to keep the suite fast
