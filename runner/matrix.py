@@ -15,11 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from runner.errors import UserError
+from runner.vocab import Backend, Dialect, MeterName, Role, names
 
-DIALECTS = ("vllm-omni-chat", "openai-images")
-BACKENDS = ("local", "docker")
-METERS = ("nvml", "dcgm", "prometheus", "server", "host", "sidecar")
-ROLES = ("default", "offload", "quantization", "other")
+# Allowed values come from the registries in runner.vocab (declared once).
+DIALECTS = names(Dialect)
+BACKENDS = names(Backend)
+METERS = names(MeterName)
+ROLES = names(Role)
 PLACEHOLDERS = ("port", "host", "model", "python", "card", "gpu", "vram_gib", "flags")
 
 

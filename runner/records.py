@@ -1,14 +1,27 @@
-"""The values that cross module lines: what a step and a session produced, as frozen dataclasses.
+"""The values that cross module lines: what a step, a session and a run produced, as frozen dataclasses.
 
-They are written as JSON (docs/result.schema.json describes the files) and read back for the verdict and
-the report, so each has to_json/from_json and nothing else.
+Each on-disk record is declared here once: the dataclass is the declaration, `schema_version` says which
+one wrote a file, and the published JSON Schema (runner/schema/result.schema.json) is generated from these
+declarations by runner.schemagen (a test fails when the committed schema drifts). Extra schema constraints
+sit beside the field (`field(metadata={"schema": ...})`) or the class (`SCHEMA_EXTRA`).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
+
+from runner.vocab import Backend, MemoryMetric, Role
+
+# 2: implied_by, wall_samples_s, schema_version; a start may be open (stopped_at null) after a kill
+SCHEMA_VERSION = 2
+
+
+def _schema(*, default: Any = ..., required: bool = False, **constraints: Any) -> Any:
+    """A field with JSON Schema constraints; `required` keeps a defaulted field required in the schema."""
+    meta = {"schema": constraints, "required": required}
+    return field(metadata=meta) if default is ... else field(default=default, metadata=meta)
 
 
 class Status(StrEnum):
@@ -33,7 +46,8 @@ class FailureClass(StrEnum):
 class Failure:
     kind: FailureClass
     message: str
-    evidence: tuple[str, ...] = ()  # log lines or body excerpts that decided the class
+    # log lines or body excerpts that decided the class
+    evidence: tuple[str, ...] = _schema(required=True, default=())
     http_status: int | None = None
     exit_code: int | None = None
 
@@ -47,13 +61,17 @@ class Failure:
 class Peak:
     """One peak figure with its provenance; `available` false means unknown, never zero."""
 
-    source: str
-    metric: str  # "device" (VRAM) or "host" (host RAM of the server)
-    bytes: int | None
-    samples: int
+    source: str  # a meter name, or "server-response" (a peak the server reported in its response)
+    metric: MemoryMetric  # "device" (VRAM) or "host" (host RAM of the server)
+    bytes: int | None = _schema(minimum=0)
+    samples: int = _schema(minimum=0)
     rate_hz: float | None
     available: bool
     reason: str | None = None
+
+    SCHEMA_EXTRA: ClassVar[dict[str, Any]] = {
+        "if": {"properties": {"available": {"const": False}}},
+        "then": {"properties": {"bytes": {"type": "null"}, "reason": {"type": "string"}}}}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Peak:
@@ -65,11 +83,11 @@ class Sanity:
     width: int
     height: int
     mode: str
-    transparent_share: float  # share of pixels with alpha == 0 (0 for images without alpha)
+    transparent_share: float = _schema(minimum=0, maximum=1)  # share of pixels with alpha == 0
     pixel_std: float  # std of RGB values over the image (flat/grey images are near 0)
     nan_or_black: bool
     broken: bool
-    reasons: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = _schema(required=True, default=())
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Sanity:
@@ -92,15 +110,17 @@ class Scores:
 
 @dataclass(frozen=True)
 class StepRecord:
-    key: str
+    """<card>/<flags>/refs-<n>/<fixture>-seed-<s>.json"""
+
+    key: str = _schema(pattern="^[^/]+/[^/]+/refs-[0-9]+/[^/]+-seed-[0-9-]+$")
     card: str
     flags: str
-    role: str
+    role: Role
     fixture: str
-    references: int
+    references: int = _schema(minimum=0)
     seed: int
     status: Status
-    attempt: int = 0  # which server start of the session served it (0 = first)
+    attempt: int = _schema(minimum=0, default=0)  # which server start of the session served it (0 = first)
     started_at: float | None = None  # epoch seconds at send
     wall_s: float | None = None  # the first send's wall time
     wall_samples_s: tuple[float, ...] = ()  # every timed send of this request ([run] repeats), first included
@@ -111,11 +131,21 @@ class StepRecord:
     image: str | None = None  # PNG file name beside the record
     image_sha256: str | None = None
     server_peak_mb: float | None = None  # a `peak_memory_mb` the server reported in its response
-    peaks: tuple[Peak, ...] = ()
+    peaks: tuple[Peak, ...] = _schema(required=True, default=())
     scores: Scores | None = None
     deterministic: bool | None = None  # the request sent again (repeats / first-step check): same bytes?
     repeat_psnr_db: float | None = None  # when not identical: PSNR of the differing repeat against the first image
     request: dict[str, Any] = field(default_factory=dict)
+    schema_version: int = _schema(required=True, minimum=1, default=SCHEMA_VERSION)
+
+    SCHEMA_EXTRA: ClassVar[dict[str, Any]] = {"allOf": [
+        {"if": {"properties": {"status": {"const": "failed"}}},
+         "then": {"properties": {"failure": {"$ref": "#/$defs/Failure"}}}},
+        {"if": {"properties": {"status": {"const": "skipped"}}},
+         "then": {"properties": {"skip_reason": {"type": "string"}}}},
+        {"if": {"properties": {"status": {"const": "ok"}}},
+         "then": {"properties": {"image": {"type": "string"}, "image_sha256": {"type": "string"},
+                                 "scores": {"$ref": "#/$defs/Scores"}}}}]}
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -123,6 +153,7 @@ class StepRecord:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> StepRecord:
         return cls(**{
+            "schema_version": 1,  # files written before records carried their version
             **d,
             "status": Status(d["status"]),
             "failure": Failure.from_json(d["failure"]) if d.get("failure") else None,
@@ -140,9 +171,9 @@ class StepRecord:
 class ServerStart:
     attempt: int
     started_at: float
-    ready_s: float | None  # seconds from start to ready; None if it never was
+    ready_s: float | None  # seconds from start to ready; None if it never was (or still loading)
     failure: Failure | None
-    stopped_at: float | None = None
+    stopped_at: float | None = None  # None while running (a start open when the runner was killed stays so)
     load_peaks: tuple[Peak, ...] = ()
     info: dict[str, Any] = field(default_factory=dict)  # pid or container id, image digest, command
 
@@ -154,24 +185,27 @@ class ServerStart:
 
 @dataclass(frozen=True)
 class SessionRecord:
-    key: str
+    """<card>/<flags>/session.json"""
+
+    key: str = _schema(pattern="^[^/]+/[^/]+$")
     card: str
     flags: str
-    role: str
-    backend: str
+    role: Role
+    backend: Backend
     starts: tuple[ServerStart, ...]
     session_peaks: tuple[Peak, ...] = ()
     meters: tuple[dict[str, Any], ...] = ()  # provenance per meter: source, available, reason, samples, hz
     idle_baseline: dict[str, Any] = field(default_factory=dict)
     log: str | None = None
     notes: tuple[str, ...] = ()
+    schema_version: int = _schema(required=True, minimum=1, default=SCHEMA_VERSION)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SessionRecord:
-        return cls(**{**d, "starts": tuple(ServerStart.from_json(s) for s in d["starts"]),
+        return cls(**{"schema_version": 1, **d, "starts": tuple(ServerStart.from_json(s) for s in d["starts"]),
                       "session_peaks": tuple(Peak.from_json(p) for p in d.get("session_peaks", ())),
                       "meters": tuple(d.get("meters", ())), "notes": tuple(d.get("notes", ()))})
 
