@@ -24,6 +24,7 @@ from runner.events import Events, Fanout
 from runner.matrix import Matrix, load_matrix
 from runner.pending import Pending, pending
 from runner.plan import Plan, make_plan
+from runner.records import RunRecord
 from runner.store import RunStore
 
 EXIT_OK, EXIT_INCOMPLETE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -133,7 +134,7 @@ def run(matrix_path: str, *, results: str | None = None, resume: str | None = No
 
     opened = open_run(matrix_path, results, resume)
     todo = left_to_do(opened) if opened.resumed else pending(opened.plan, (), ())
-    opened.store.write_run(opened.run_doc)
+    opened.store.write_run(RunRecord.from_json(opened.run_doc).to_json())
     print(banner(opened, todo), file=sys.stderr)
     if todo.steps:
         _reap_leftovers(opened.matrix, todo)
@@ -163,7 +164,7 @@ def run(matrix_path: str, *, results: str | None = None, resume: str | None = No
     if opened.resumed:
         doc["resumes"] = [*opened.run_doc.get("resumes", []), {"at_iso": runinfo.iso_time(finished),
                                                                "steps_to_send": todo.steps}]
-    opened.store.write_run(doc)
+    opened.store.write_run(RunRecord.from_json(doc).to_json())  # the declared shape, or a TypeError here
     verdicts = finish(opened.store, opened.matrix, rescore=bool(todo.steps))
     left = left_to_do(opened)
     if interrupted:

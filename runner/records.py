@@ -214,3 +214,30 @@ class SessionRecord:
         """The failure of a session that never served: its last start failed before ready."""
         last = self.starts[-1] if self.starts else None
         return last.failure if last and last.ready_s is None else None
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """run.json: what was asked (the matrix, its hash, the plan) and what was found (versions, host, the
+    facts per card), when it ran, and each resume."""
+
+    run_id: str
+    started_at: float
+    started_at_iso: str
+    matrix: dict[str, Any]  # path, sha256, text
+    runner: dict[str, Any]  # version, python, packages
+    host: dict[str, Any]  # hostname, platform, cpus
+    cards: dict[str, Any]  # per card: what was asked, and the facts found (image digests, engine, GPU)
+    plan: dict[str, Any]  # lanes, steps, sessions (keys, in plan order)
+    finished_at: float | None = None
+    finished_at_iso: str | None = None
+    interrupted: bool = False
+    resumes: tuple[dict[str, Any], ...] = ()  # when, and how many steps each resume had to send
+    schema_version: int = _schema(required=True, minimum=1, default=SCHEMA_VERSION)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> RunRecord:
+        return cls(**{"schema_version": 1, **d, "resumes": tuple(d.get("resumes", ()))})

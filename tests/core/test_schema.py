@@ -67,3 +67,16 @@ def test_records_written_before_versions_read_as_version_1() -> None:
                      seed=1, status=Status.SKIPPED, skip_reason="x").to_json()
     del doc["schema_version"], doc["implied_by"]
     assert StepRecord.from_json(doc).schema_version == 1
+
+
+def test_run_json_as_runinfo_writes_it_is_the_declared_record(matrix_dir: Path) -> None:
+    from runner import runinfo
+    from runner.matrix import load_matrix
+    from runner.plan import make_plan
+    from runner.records import RunRecord
+
+    matrix = load_matrix(matrix_dir / "matrix.toml")
+    doc = runinfo.run_doc(matrix, make_plan(matrix), "t-1", 1.0)
+    record = RunRecord.from_json(doc)  # a key runinfo writes but the record does not declare is a TypeError
+    out = json.loads(json.dumps({**record.to_json(), "finished_at": 2.0, "resumes": [{"at_iso": "x"}]}))
+    jsonschema.validate(out, json.loads(PUBLISHED.read_text()))

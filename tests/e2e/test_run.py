@@ -102,7 +102,7 @@ def test_three_flag_sets_oom_implied_skip_broken_output_and_offload_verdict(tmp_
     # every record is written and valid against the published schema
     records = sorted(run_dir.glob("tight/*/refs-*/*.json")) + sorted(run_dir.glob("tight/*/session.json"))
     assert len(records) == 12 + 3
-    for r in records:
+    for r in [*records, run_dir / "run.json"]:
         jsonschema.validate(json.loads(r.read_text()), SCHEMA)
     # default: OOM at 3 references, found in the server log (the HTTP body does not say so), 4 implied
     oom = step(run_dir, "tight/default/refs-3/shapes-seed-1")
