@@ -12,6 +12,7 @@ import time
 from abc import ABC, abstractmethod
 from array import array
 from bisect import bisect_left, bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,6 +107,7 @@ class PolledMeter(Meter):
 
     extra_metrics: tuple[str, ...] = ()
     compact_series = False  # True for fast step-like sources: series() drops repeated samples
+    clock: Callable[[], float] = staticmethod(time.time)  # epoch seconds; tests drive a fake one
 
     def __init__(self, source: str, metric: str, hz: float) -> None:
         self.source, self.metric, self.hz = source, metric, hz
@@ -132,7 +134,7 @@ class PolledMeter(Meter):
         return (self.read(),)
 
     def start(self) -> None:
-        self._started_at = time.time()
+        self._started_at = self.clock()
         self._thread = threading.Thread(target=self._loop, name=f"meter-{self.source}", daemon=True)
         self._thread.start()
 
@@ -146,26 +148,32 @@ class PolledMeter(Meter):
                 self._outages.append([now, now])
                 self._in_outage = True
 
+    def sample_once(self) -> None:
+        """One reading (the polling thread calls this every 1/hz s; tests call it with a fake clock)."""
+        if self._started_at is None:
+            self._started_at = self.clock()
+        try:
+            values = self.read_many()
+        except SourceUnavailable as exc:
+            self._failed(str(exc), self.clock())
+        except Exception as exc:  # a meter must never take the run down
+            self._failed(f"{type(exc).__name__}: {exc}", self.clock())
+        else:
+            now = self.clock()
+            with self._lock:
+                if self._t:
+                    self._max_gap = max(self._max_gap, now - self._t[-1])
+                self._t.append(now)
+                self._v.append(int(values[0]))
+                for column, value in zip(self._x, values[1:], strict=True):
+                    column.append(int(value))
+                self._in_outage = False
+
     def _loop(self) -> None:
         period = 1.0 / self.hz
         next_t = time.monotonic()
         while not self._stop.is_set():
-            try:
-                values = self.read_many()
-            except SourceUnavailable as exc:
-                self._failed(str(exc), time.time())
-            except Exception as exc:  # a meter must never take the run down
-                self._failed(f"{type(exc).__name__}: {exc}", time.time())
-            else:
-                now = time.time()
-                with self._lock:
-                    if self._t:
-                        self._max_gap = max(self._max_gap, now - self._t[-1])
-                    self._t.append(now)
-                    self._v.append(int(values[0]))
-                    for column, value in zip(self._x, values[1:], strict=True):
-                        column.append(int(value))
-                    self._in_outage = False
+            self.sample_once()
             next_t += period
             delay = next_t - time.monotonic()
             if delay < -period:  # fell behind (GIL, slow source): do not burst to catch up
@@ -176,7 +184,7 @@ class PolledMeter(Meter):
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=5)
-        self._stopped_at = self._stopped_at or time.time()
+        self._stopped_at = self._stopped_at or self.clock()
 
     def latest(self) -> int | None:
         with self._lock:
@@ -222,7 +230,7 @@ class PolledMeter(Meter):
             n = len(self._t)
             outages = [(round(a, 3), round(b, 3)) for a, b in self._outages]
             max_gap = self._max_gap
-        end = self._stopped_at or time.time()
+        end = self._stopped_at or self.clock()
         span = (end - self._started_at) if self._started_at else 0.0
         return {"source": self.source, "metric": self.metric, "available": n > 0,
                 "reason": None if n else (self._last_error or "no samples"), "samples": n,

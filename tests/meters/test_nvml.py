@@ -66,27 +66,40 @@ class FakeServer:
         return {"pid": os.getpid() + 10_000_000}  # no such process: only its own PID counts as the server
 
 
+class FakeClock:
+    """Epoch seconds that move only when the test says: rates and gaps are exact, not a busy machine's."""
+
+    def __init__(self, t: float = 1_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def tick(self, seconds: float) -> None:
+        self.t += seconds
+
+
 def test_nvml_meter_logic_with_fake_source() -> None:
     src = FakeNvml(used=1 << 30, reserved=615 << 20)
     src.procs = (GpuProcess(os.getpid() + 10_000_000, 1 << 30, "compute", "server"),
                  GpuProcess(1, 2 << 30, "compute", "stranger"))
     meter = NvmlMeter(src, hz=500, server=FakeServer())  # type: ignore[arg-type]
-    meter.start()
-    t0 = time.time()
-    time.sleep(0.1)
-    src.set(3 << 30)
-    time.sleep(0.02)
-    src.set(1 << 30)
-    time.sleep(0.1)
-    t1 = time.time()
+    clock = meter.clock = FakeClock()
+    t0 = clock()
+    for i in range(100):  # 0.2 s at 500 Hz; a 20 ms spike in the middle
+        src.set(3 << 30 if 50 <= i < 60 else 1 << 30)
+        meter.sample_once()
+        clock.tick(0.002)
+    meter.poll_processes()
+    t1 = clock()
     meter.stop()
     peak = meter.window_peak(t0, t1)
-    assert peak.available and peak.bytes == 3 << 30 and peak.rate_hz > 200
+    assert peak.available and peak.bytes == 3 << 30 and peak.samples == 100 and peak.rate_hz == 500.0
     prov = meter.provenance()
     assert prov["reserved_bytes"] == {"min": 615 << 20, "max": 615 << 20}
     assert [p["role"] for p in prov["processes"]] == ["other", "server"]
     assert prov["foreign_processes"][0]["name"] == "stranger" and prov["meter_holds_cuda_context"] is False
-    assert prov["achieved_hz"] > 200 and prov["max_gap_s"] < 0.1
+    assert prov["achieved_hz"] == 500.0 and prov["max_gap_s"] == 0.002
     s = meter.series()  # compacted: a step signal keeps its edges, not every flat sample
     assert max(s.value) == 3 << 30 and len(s.t) < prov["samples"]
     (reserved,) = meter.extra_series()
