@@ -12,7 +12,8 @@ import docker
 import pytest
 from dockerkit import new_run_id
 
-from runner.execute import Events, RunContext, run_plan
+from runner.events import Events
+from runner.execute import RunContext, run_plan
 from runner.matrix import load_matrix
 from runner.plan import make_plan
 from runner.records import FailureClass, Status
@@ -27,6 +28,7 @@ size = "64x64"
 request_timeout_s = 60
 ready_timeout_s = 90
 restarts = 1
+repeats = 1
 determinism_check = true  # seed 1 is sent twice: requests 1 and 2
 sample_hz = 20
 
