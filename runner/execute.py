@@ -134,11 +134,10 @@ class HttpResult:
 
 @dataclass(frozen=True)
 class Observed:
-    """A send classified: a failure, or an image (bytes and decoded)."""
+    """A send classified: a failure, or the image's bytes (decoded later, off the request path)."""
 
     failure: Failure | None
     image_bytes: bytes | None
-    image: Image.Image | None
     server_peak_mb: float | None
 
 
@@ -147,8 +146,7 @@ class Served:
     """A step whose request was answered with an image: scored and written off the request path."""
 
     record: StepRecord  # without scores yet
-    image: Image.Image
-    image_bytes: bytes
+    image_bytes: bytes  # the first send's image, not decoded yet
     repeat_image: bytes | None  # the first repeat whose bytes differ from the first image
 
 
@@ -184,7 +182,7 @@ class SessionRunner:
     def _finish(self, work: StepRecord | Served) -> StepRecord:
         if isinstance(work, StepRecord):
             return self._emit(work)
-        return self._emit(self.score(work), work.image_bytes)
+        return self._emit(*self.score(work))
 
     def drain(self) -> None:
         """Wait until every submitted record is written (raises what the worker raised)."""
@@ -225,22 +223,17 @@ class SessionRunner:
                           None if exit_info is None else exit_info.code)
 
     def _observe(self, sent: HttpResult) -> Observed:
+        """What the session policy needs now (OOM? server lost?); the image is decoded on the scoring worker,
+        where an undecodable one becomes a bad_response record."""
         parsed = dialects.parse(self.profile.dialect, sent.content) if sent.status == 200 else None
         image_bytes = parsed.image if parsed else None
-        image = None
         problem = parsed.problem if parsed else None
-        if image_bytes is not None:
-            try:
-                image = scoring.decode(image_bytes)
-            except Exception as exc:  # any undecodable payload is a bad response, with its reason
-                problem = f"image does not decode: {type(exc).__name__}: {exc}"
         failure = classify_request(http_status=sent.status, body=sent.content[:4000].decode("utf-8", "replace"),
                                    log_window=sent.log_window, timed_out=sent.timed_out,
                                    server_exit=sent.exit_code, parse_problem=problem)
-        if failure is None and (image is None or image_bytes is None):
+        if failure is None and image_bytes is None:
             failure = Failure(FailureClass.BAD_RESPONSE, problem or "no image", ())
-        return Observed(failure, image_bytes if failure is None else None, image if failure is None else None,
-                        parsed.server_peak_mb if parsed else None)
+        return Observed(failure, image_bytes if failure is None else None, parsed.server_peak_mb if parsed else None)
 
     def execute(self, client: httpx.Client, server: RunningServer, meters: list[Meter], step: Step,
                 attempt: int, determinism_resend: bool) -> StepRecord | Served:
@@ -287,29 +280,37 @@ class SessionRunner:
             # The first send was served: keep its image beside the failure (scored like any other).
             return Served(replace(record, image=Path(step.key).name + ".png",
                                   image_sha256=hashlib.sha256(first.image_bytes).hexdigest()),
-                          first.image, first.image_bytes, None)
-        assert first is not None and first.image is not None and first.image_bytes is not None
+                          first.image_bytes, None)
+        assert first is not None and first.image_bytes is not None
         compared = len(sends) > 1
         record = self._base(step, Status.OK, image=Path(step.key).name + ".png",
                             image_sha256=hashlib.sha256(first.image_bytes).hexdigest(),
                             deterministic=(different is None) if compared else None, **common)
-        return Served(record, first.image, first.image_bytes, different)
+        return Served(record, first.image_bytes, different)
 
-    def score(self, served: Served) -> StepRecord:
-        """PSNR/SSIM against the baseline and the sanity checks (off the request path)."""
+    def score(self, served: Served) -> tuple[StepRecord, bytes | None]:
+        """Decode, PSNR/SSIM against the baseline and the sanity checks (off the request path). Returns the
+        record and the PNG to keep beside it (none when the image does not decode: a bad response)."""
         step = served.record
+        try:
+            image = scoring.decode(served.image_bytes)
+        except Exception as exc:  # any undecodable payload is a bad response, with its reason
+            problem = f"image does not decode: {type(exc).__name__}: {exc}"
+            failure = step.failure or Failure(FailureClass.BAD_RESPONSE, problem, ())
+            return replace(step, status=Status.FAILED, failure=failure, image=None, image_sha256=None,
+                           deterministic=None), None
         name, base_image = self.baselines.image(step)
         rules = self.ctx.matrix.verdict
-        scores = scoring.score(served.image, base_image, name, max_transparent_share=rules.max_transparent_share,
+        scores = scoring.score(image, base_image, name, max_transparent_share=rules.max_transparent_share,
                                min_pixel_std=rules.min_pixel_std)
         repeat_psnr = None
         if served.repeat_image is not None:
             # How far apart: numerical noise (high dB) or an ignored seed (low dB)?
             try:
-                repeat_psnr = scoring.score(scoring.decode(served.repeat_image), served.image, None).psnr_db
+                repeat_psnr = scoring.score(scoring.decode(served.repeat_image), image, None).psnr_db
             except Exception:  # an undecodable repeat is simply not comparable
                 repeat_psnr = None
-        return replace(step, scores=scores, repeat_psnr_db=repeat_psnr)
+        return replace(step, scores=scores, repeat_psnr_db=repeat_psnr), served.image_bytes
 
     # -- the session: a thin loop around policy.next_action -------------------------------------------
     def run_session(self) -> SessionRecord:
