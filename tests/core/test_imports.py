@@ -14,7 +14,9 @@ RUNNER = Path(__file__).resolve().parents[2] / "runner"
 
 # module → what it must never import (prefix match on the dotted name)
 FORBIDDEN = {
-    "runner.records": ("runner.", "httpx"),
+    "runner.vocab": ("runner.", "httpx"),
+    "runner.records": ("runner.execute", "runner.app", "runner.cli", "runner.plan", "runner.store",
+                       "runner.meters", "runner.backends", "runner.matrix", "httpx"),
     "runner.events": ("runner.execute", "runner.app", "runner.cli", "runner.meters", "httpx"),
     "runner.policy": ("runner.execute", "runner.app", "runner.cli", "runner.backends", "runner.meters",
                       "runner.store", "httpx"),
