@@ -12,8 +12,10 @@ from __future__ import annotations
 import datetime as dt
 import re
 import shlex
+import signal
 import statistics
 import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,6 +160,10 @@ def run(matrix_path: str, *, results: str | None = None, resume: str | None = No
     finally:
         if exporter:
             exporter.close()
+    if interrupted and threading.current_thread() is threading.main_thread():
+        # The records are safe; a second Ctrl-C must not cut the partial report short.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print("runner: interrupted; writing the partial report (a few seconds)…", file=sys.stderr)
     finished = dt.datetime.now().timestamp()
     doc = {**opened.run_doc, "finished_at": finished, "finished_at_iso": runinfo.iso_time(finished),
            "interrupted": interrupted, "cards": runinfo.card_facts(opened.run_doc["cards"], opened.store)}
