@@ -160,9 +160,10 @@ def run(matrix_path: str, *, results: str | None = None, resume: str | None = No
     finally:
         if exporter:
             exporter.close()
+    previous = None
     if interrupted and threading.current_thread() is threading.main_thread():
         # The records are safe; a second Ctrl-C must not cut the partial report short.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         print("runner: interrupted; writing the partial report (a few seconds)…", file=sys.stderr)
     finished = dt.datetime.now().timestamp()
     doc = {**opened.run_doc, "finished_at": finished, "finished_at_iso": runinfo.iso_time(finished),
@@ -171,7 +172,11 @@ def run(matrix_path: str, *, results: str | None = None, resume: str | None = No
         doc["resumes"] = [*opened.run_doc.get("resumes", []), {"at_iso": runinfo.iso_time(finished),
                                                                "steps_to_send": todo.steps}]
     opened.store.write_run(RunRecord.from_json(doc).to_json())  # the declared shape, or a TypeError here
-    verdicts = finish(opened.store, opened.matrix, rescore=bool(todo.steps))
+    try:
+        verdicts = finish(opened.store, opened.matrix, rescore=bool(todo.steps))
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
     left = left_to_do(opened)
     if interrupted:
         done = left.planned_steps - left.steps
