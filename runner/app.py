@@ -97,6 +97,7 @@ def execute(run: Opened, events: Events, todo: Pending) -> bool:
 def finish(store: RunStore, matrix: Matrix, *, rescore: bool = True) -> list:
     """Rescore against the baseline cell, decide the verdicts, write verdict.json and the report."""
     from runner import baseline
+    from runner.progress import verdict_line
     from runner.report import write_report
     from runner.rescore import rescore_against_cell
     from runner.verdict import decide_all
@@ -117,8 +118,8 @@ def finish(store: RunStore, matrix: Matrix, *, rescore: bool = True) -> list:
     verdicts = decide_all(steps, sessions, matrix.verdict, list(dict.fromkeys(s.card for s in steps)), wall)
     store.write_verdicts([v.to_json() for v in verdicts])
     report = write_report(store, verdicts)
-    for v in verdicts:
-        print(f"{v.card}: {v.world} — {v.reason}")
+    for v in verdicts:  # one short line per card; report.md has the whole reason
+        print(verdict_line(v))
     print(f"report: {report}")
     return verdicts
 

@@ -8,6 +8,7 @@ code 2; an interrupted run keeps every record written so far.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -107,9 +108,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # ValueError: a module set to None in sys.modules (blocked)
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "refserver":
+        missing = [m for m in ("torch", "fastapi", "uvicorn") if not _importable(m)]
+        if missing and not {"-h", "--help"} & set(argv[1:]):
+            print(f"runner: error: `runner refserver` needs the refserver extra ({', '.join(missing)} missing): "
+                  "pip install -e '.[refserver]' (scripts/setup.sh does it)", file=sys.stderr)
+            return 2
         from runner.refserver.cli import main as refserver_main
 
         return refserver_main(argv[1:])

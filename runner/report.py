@@ -1,129 +1,165 @@
-"""report.md + plots from a run directory (and verdict.json). Reads records only: rerunnable any time."""
+"""report.md + plots from a run directory. Reads records only: rerunnable any time.
+The plots themselves are drawn in runner/plots.py; this module decides what goes where and writes the text."""
 
 from __future__ import annotations
 
+import statistics
+import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
+from runner import plots
 from runner.meters.reconcile import reconcile, render
 from runner.records import SessionRecord, Status, StepRecord
 from runner.store import RunStore, load_memory
-from runner.units import GIB, fmt_bytes, unit_for
-from runner.verdict import Cell, Verdict
+from runner.units import GIB, clip, fmt_bytes, fmt_s
+from runner.verdict import Cell, IdenticalPair, Verdict, World, identical_pairs
+
+TERMS = [
+    "**request peak** — one request's device-memory peak, from the first available source in the card's meter "
+    "order (a `peak_memory_mb` in the response counts as source `server-response`). A cell's figure is the "
+    "highest request peak over its steps (fixtures × seeds).",
+    "**session peak** — the highest sample of each sampled source over the whole session, load included. It can "
+    "read *below* the cells' figure (a sampled source misses spikes shorter than its interval, which "
+    "`server-response` catches) or *above* it (it includes loading and the time between requests).",
+    "**load peak** — the highest device reading from server start to ready. A source that cannot answer "
+    "during load (the `server` gauge: the port opens only after load) has at most the reading at readiness; "
+    "when no device source could read during load the column says so instead of a figure.",
+]
 
 
-def _cell_text(cell: Cell | None) -> str:
+def _ssim(steps: Sequence[StepRecord]) -> dict[tuple[str, int], float]:
+    vals: dict[tuple[str, int], list[float]] = {}
+    for s in steps:
+        if s.status == Status.OK and s.scores and s.scores.ssim is not None:
+            vals.setdefault((s.flags, s.references), []).append(s.scores.ssim)
+    return {k: statistics.fmean(v) for k, v in vals.items()}
+
+
+def _psnr(db: float | None) -> str:
+    return "" if db is None else f", {db:.1f} dB"
+
+
+def _cell_text(cell: Cell | None, ssim: float | None) -> str:
     if cell is None:
         return "·"
+    quality = _psnr(cell.psnr_db) + (f", SSIM {ssim:.3f}" if ssim is not None else "")
     if cell.served:
-        psnr = f", {cell.psnr_db:g} dB" if cell.psnr_db is not None else ""
-        return f"✅ {fmt_bytes(cell.peak_bytes)}, {cell.wall_s:g} s{psnr}"
+        return f"✅ {fmt_bytes(cell.peak_bytes)}, {fmt_s(cell.wall_s)} s{quality}"
     why = (cell.why_not or "").split(": ", 1)[-1]
     if cell.blocker == "skipped":
-        return "⏭ " + why.removeprefix("skipped: ")[:70]
+        return "⏭ " + clip(why.removeprefix("skipped: "), 80)
     if cell.blocker == "oom":
         return f"❌ OOM (peak seen {fmt_bytes(cell.peak_bytes)})"
-    if cell.blocker == "broken":
-        return "⚠️ " + why[:70]
-    return "❌ " + why[:70]
+    if cell.blocker in ("broken", "low-psnr"):
+        seen = f" ({fmt_bytes(cell.peak_bytes)}, {fmt_s(cell.wall_s)} s{quality})" if cell.peak_bytes else ""
+        return "⚠️ " + clip(why, 80) + seen
+    return "❌ " + clip(why, 80)
 
 
-def plot_session_memory(store: RunStore, session: SessionRecord, steps: list[StepRecord], capacity_bytes: float,
-                        out: Path) -> Path | None:
-    """Device memory (with the card's capacity and request windows) above host RAM, one time axis."""
-    rows = load_memory(store.session_dir(session.key) / "memory.csv")
-    if not rows:
-        return None
-    t0 = min(r[0] for r in rows)
-    fig, (dev, host) = plt.subplots(2, 1, figsize=(9, 5), sharex=True, height_ratios=(3, 1.4))
-    for ax, metric in ((dev, "device"), (host, "host")):
-        series = [r for r in rows if r[3] == metric]
-        top = max([r[4] for r in series] + ([capacity_bytes] if metric == "device" else [0]), default=0)
-        div, unit = unit_for(top)
-        for source in sorted({r[2] for r in series}):
-            pts = [(r[0] - t0, r[4] / div) for r in series if r[2] == source]
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], lw=1, label=source, marker="." if len(pts) < 50 else None)
-        if metric == "device" and capacity_bytes:
-            ax.axhline(capacity_bytes / div, color="black", ls=":", lw=1,
-                       label=f"capacity {fmt_bytes(capacity_bytes)}")
-        ax.set_ylabel(f"{metric} ({unit})")
-        if series or metric == "device":
-            ax.legend(fontsize=7, loc="lower right")
-    for s in steps:
-        if s.started_at is None:
-            continue
-        x = s.started_at - t0
-        for ax in (dev, host):
-            ax.axvspan(x, x + (s.wall_s or 0), color="tab:green" if s.status == Status.OK else "tab:red",
-                       alpha=0.15, lw=0)
-        dev.annotate(f"{s.references}r", (x, 1.0), xycoords=("data", "axes fraction"), fontsize=6, va="bottom")
-    for start in session.starts:
-        for ax in (dev, host):
-            ax.axvline(start.started_at - t0, color="grey", lw=0.8, ls="--")
-    host.set_xlabel("seconds since session start (dashed: server start; green/red: request served/failed)")
-    dev.set_title(f"{session.key}: memory", pad=14)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+def _load_peak(session: SessionRecord) -> str:
+    """The first start's device reading(s) from start to ready, or why there is none — never a bare dash."""
+    first = session.starts[0] if session.starts else None
+    if first is None:
+        return "n/a: not started"
+    device = [p for p in first.load_peaks if p.metric == "device"]
+    if not device:
+        return "n/a: no device meter"
+    shown = []
+    for p in device:
+        if p.available and p.bytes is not None:
+            at_ready = " at readiness" if p.source == "server" else ""
+            shown.append(f"{fmt_bytes(p.bytes)} ({p.source}{at_ready})")
+        else:
+            shown.append(f"n/a ({p.source}: {plots._short_reason(p.source, p.reason)})")
+    return "; ".join(shown)
 
 
-def _oom(cell: Cell) -> bool:
-    return cell.blocker == "oom"
+def _ready(session: SessionRecord) -> str:
+    first = session.starts[0] if session.starts else None
+    if first is None:
+        return "not started"
+    if first.ready_s is not None:
+        return fmt_s(first.ready_s)
+    return f"never ({first.failure.kind})" if first.failure else "never"
 
 
-def plot_capacity(card: str, cells: tuple[Cell, ...], order: list[str], capacity_bytes: float,
-                  out: Path) -> Path | None:
-    measured = [c for c in cells if c.peak_bytes is not None]
-    if not measured:
-        return None
-    div, unit = unit_for(max([c.peak_bytes or 0 for c in measured] + [capacity_bytes]))
-    fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    for flags in order:
-        # An OOM means the demand exceeded the capacity, whatever a sampled meter caught before the failure:
-        # such a point is drawn at least at the capacity line, not at a reading that would look like a drop.
-        pts = sorted((c.references, max(c.peak_bytes or 0, capacity_bytes if _oom(c) else 0) / div, c.served)
-                     for c in measured if c.flags == flags)
-        if not pts:
-            continue
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=flags)
-        for x, y, served in pts:
-            if not served:
-                ax.plot(x, y, marker="x", color="red", ms=10, mew=2)
-    ax.axhline(capacity_bytes / div, color="black", ls=":", lw=1, label=f"capacity {fmt_bytes(capacity_bytes)}")
-    ax.set_xlabel("reference images")
-    ax.set_ylabel(f"peak device memory ({unit})")
-    ax.set_xticks(sorted({c.references for c in cells}))
-    ax.set_title(f"{card}: peak vs references (x: not served; OOM at ≥ capacity)", fontsize=10)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
-
-
-def _session_rows(card_sessions: list[SessionRecord], steps: list[StepRecord]) -> list[str]:
-    rows = ["| session | role | starts | ready s | load peak | session peaks by source | deterministic "
-            "| failure / notes |", "|---|---|---|---|---|---|---|---|"]
+def _session_rows(card_sessions: list[SessionRecord], steps: list[StepRecord], cells: Sequence[Cell]) -> list[str]:
+    rows = ["| session | role | starts | ready s | load peak | highest request peak | session peaks by sampled source "
+            "| deterministic | failure / notes |", "|---|---|---|---|---|---|---|---|---|"]
     for s in card_sessions:
-        first = s.starts[0] if s.starts else None
-        load = next((p for p in (first.load_peaks if first else ()) if p.available and p.metric == "device"), None)
         peaks = ", ".join(f"{p.source}/{p.metric} {fmt_bytes(p.bytes)} ({p.samples} samples)" if p.available
-                          else f"{p.source}/{p.metric} n/a: {p.reason}" for p in s.session_peaks)
+                          else f"{p.source}/{p.metric} n/a: {clip(p.reason or '', 90)}"
+                          for p in s.session_peaks) or "none"
+        mine = [c for c in cells if c.flags == s.flags and c.peak_bytes is not None]
+        top = max(mine, key=lambda c: c.peak_bytes or 0, default=None)
+        request = f"{fmt_bytes(top.peak_bytes)} ({top.peak_source}, {top.references} ref)" if top else "none"
         check = next((st for st in steps if st.flags == s.flags and st.deterministic is not None), None)
-        det = None if check is None else check.deterministic
+        det = "–" if check is None else "yes" if check.deterministic else f"**no** ({check.repeat_psnr_db} dB)"
         fail = s.start_failure
-        what = (f"{fail.kind}: {fail.message}" if fail else "; ".join(s.notes)) or "–"
-        rows.append(f"| {s.flags} | {s.role} | {len(s.starts)} | {first.ready_s if first else '–'} | "
-                    f"{fmt_bytes(load.bytes) if load else '–'} | {peaks} | "
-                    f"{'–' if det is None else 'yes' if det else f'**no** ({check.repeat_psnr_db} dB)'} | "
-                    f"{what.replace('|', '/')} |")
+        what = (f"{plots.start_failure_label(fail.kind)}: {fail.message}" if fail else "; ".join(s.notes)) or "–"
+        rows.append(f"| {s.flags} | {s.role} | {len(s.starts)} | {_ready(s)} | {_load_peak(s)} | {request} | "
+                    f"{peaks} | {det} | {what.replace('|', '/')} |")
     return rows
+
+
+def identical_groups(pairs: Sequence[IdenticalPair]) -> list[tuple[list[str], list[IdenticalPair]]]:
+    """Flag sets whose images were byte-identical, grouped: a group is reported as one line only when every
+    pair in it is identical (otherwise its pairs stay separate lines)."""
+    linked: dict[str, set[str]] = {}
+    for p in pairs:
+        linked.setdefault(p.a, set()).add(p.b)
+        linked.setdefault(p.b, set()).add(p.a)
+    groups, seen = [], set()
+    for start in sorted(linked):
+        if start in seen:
+            continue
+        comp, todo = set(), [start]
+        while todo:
+            f = todo.pop()
+            if f not in comp:
+                comp.add(f)
+                todo.extend(linked[f] - comp)
+        seen |= comp
+        mine = [p for p in pairs if p.a in comp]
+        n = len(comp)
+        if len(mine) == n * (n - 1) // 2:
+            groups.append((sorted(comp), mine))
+        else:
+            groups += [([p.a, p.b], [p]) for p in mine]
+    return groups
+
+
+def _group_line(names: list[str], pairs: list[IdenticalPair]) -> str:
+    steps = sorted({p.steps for p in pairs})
+    shared = f"{steps[0]}" if len(steps) == 1 else f"{steps[0]}–{steps[-1]}"
+    same = [p.same_memory for p in pairs]
+    memory = ("with the same memory peaks: the flags reached nothing measured (inert flag?)" if all(same) else
+              "with different memory peaks: the flags changed memory, not the output" if not any(same) else
+              "memory peaks the same for some pairs, different for others")
+    return f"byte-identical images from {' = '.join(repr(n) for n in names)} on every step they share " \
+           f"({shared} per pair), {memory}"
+
+
+def _is_refserver(run: dict[str, Any], sessions: Sequence[SessionRecord]) -> bool:
+    """The target is our reference server when a server command or image names it, or a start ran it."""
+    try:
+        servers = tomllib.loads(run["matrix"]["text"]).get("servers", {})
+    except (KeyError, tomllib.TOMLDecodeError):
+        servers = {}
+    named = any("refserver" in " ".join(map(str, s.get("command", []))) + str(s.get("image") or "")
+                for s in servers.values() if isinstance(s, dict))
+    ran = any("runner.refserver" in " ".join(map(str, st.info.get("argv", []))) for s in sessions for st in s.starts)
+    return named or ran
+
+
+def _step_counts(steps: Sequence[StepRecord]) -> str:
+    outcomes = [plots.step_outcome(s) for s in steps]
+    served, broken, failed = (outcomes.count(o) for o in ("served", "broken", "failed"))
+    skipped = outcomes.count(None)
+    return (f"Steps: {len(steps)} — {served} ok (image passes the sanity checks), {broken} broken output "
+            f"(image returned but unusable), {failed} failed, {skipped} skipped (not sent).")
 
 
 def write_report(store: RunStore, verdicts: list[Verdict]) -> Path:
@@ -131,56 +167,91 @@ def write_report(store: RunStore, verdicts: list[Verdict]) -> Path:
     steps, sessions = store.load_steps(), store.load_sessions()
     planned = {key: i for i, key in enumerate(run.get("plan", {}).get("sessions", []))}
     sessions.sort(key=lambda s: planned.get(s.key, len(planned)))
-    plots = store.root / "plots"
-    plots.mkdir(exist_ok=True)
+    out = store.root / "plots"
+    out.mkdir(exist_ok=True)
     cards: dict[str, Any] = run.get("cards", {})
-    counts = {s: sum(r.status == s for r in steps) for s in Status}
+    all_flags = list(dict.fromkeys([s.flags for s in sessions] + [c.flags for v in verdicts for c in v.cells]))
+    styles = plots.flag_styles(all_flags)
     lines = [f"# Run {run['run_id']}", "",
              f"Matrix `{run['matrix']['path']}` (sha256 `{run['matrix']['sha256'][:12]}`), runner "
              f"{run['runner']['version']}, started {run.get('started_at_iso', '?')}, "
              f"finished {run.get('finished_at_iso', 'not finished')}"
-             f"{' (interrupted)' if run.get('interrupted') else ''}. "
-             f"Steps: {counts[Status.OK]} ok, {counts[Status.FAILED]} failed, {counts[Status.SKIPPED]} skipped.", "",
-             "| card | verdict | deciding flag set | why |", "|---|---|---|---|"]
+             f"{' (interrupted)' if run.get('interrupted') else ''}. {_step_counts(steps)}", ""]
+    if _is_refserver(run, sessions):
+        lines += ["> **Target: the reference server** (`runner refserver`), a small stand-in diffusion transformer, "
+                  "not vLLM-Omni or Qwen-Image. Its messages imitate vLLM-Omni's (\"CUDA out of memory … GPU 0\") "
+                  "even on a CPU, where the \"GPU\" is the accounted budget set by `--vram-gib`; its figures test "
+                  "the runner and say nothing about a real model's memory or speed.", ""]
+    lines += ["| card | verdict | deciding flag set | why |", "|---|---|---|---|"]
     for v in verdicts:
         lines.append(f"| {v.card} | **{v.world}** | {v.flags or '–'} | {v.reason.replace('|', '/')} |")
     for v in verdicts:
-        capacity = float(cards.get(v.card, {}).get("vram_gib", 0)) * GIB
-        card_sessions = [s for s in sessions if s.card == v.card]
-        card_steps = [st for st in steps if st.card == v.card]
-        order = list(dict.fromkeys([s.flags for s in card_sessions] + [c.flags for c in v.cells]))
-        lines += ["", f"## {v.card} — {v.world}", "", v.reason, ""]
-        lines += [f"- note: {n}" for n in v.notes]
-        refs = sorted({c.references for c in v.cells})
-        by = {(c.flags, c.references): c for c in v.cells}
-        lines += ["", f"Capacity {fmt_bytes(capacity)}. Cells: peak device memory, mean wall time per request, "
-                      "mean PSNR vs the baseline.", "",
-                  "| flag set | role | " + " | ".join(f"{n} ref" for n in refs) + " |",
-                  "|---|---|" + "---|" * len(refs)]
-        for f in order:
-            role = next((c.role for c in v.cells if c.flags == f), "?")
-            lines.append(f"| {f} | {role} | " + " | ".join(_cell_text(by.get((f, n))) for n in refs) + " |")
-        lines += ["", *_session_rows(card_sessions, card_steps), ""]
-        for s in card_sessions:  # the sources side by side, where a session had more than one
-            if len([p for p in s.session_peaks if p.metric == "device"]) > 1:
-                lines += [f"Device-memory peaks of session {s.flags} by source:", "",
-                          render(reconcile(s.session_peaks)), ""]
-        cap = plot_capacity(v.card, v.cells, order, capacity, plots / f"{v.card}-capacity.png")
-        if cap:
-            lines += [f"![{v.card} capacity](plots/{cap.name})", ""]
-        for s in card_sessions:
-            image = plot_session_memory(store, s, [st for st in card_steps if st.flags == s.flags], capacity,
-                                        plots / f"{s.card}--{s.flags}-memory.png")
-            if image:
-                lines += [f"![{s.key} memory](plots/{image.name})", ""]
-        failures = [st for st in card_steps if st.status == Status.FAILED and st.failure]
-        if failures:
-            lines += ["Failures with evidence:", ""]
-            for st in failures:
-                ev = " / ".join(st.failure.evidence[:2]) if st.failure else ""
-                lines.append(f"- `{st.key}`: {st.failure.kind} — {st.failure.message}"
-                             + (f" — `{ev[:200]}`" if ev else ""))
-            lines.append("")
+        lines += _card_section(store, v, cards, sessions, steps, styles, out)
+    lines += ["## Terms and memory sources", "", *[f"- {t}" for t in TERMS], "",
+              "| source | what it reads | in this run |", "|---|---|---|"]
+    used = {p.source for s in steps for p in s.peaks} | {p.source for s in sessions for p in s.session_peaks}
+    for name, what in plots.SOURCES.items():
+        lines.append(f"| `{name}` | {what} | {'yes' if name in used else '–'} |")
+    lines += ["", "docs/meters.md has each source's rate, what it catches and what it misses.", ""]
     path = store.root / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _card_section(store: RunStore, v: Verdict, cards: dict[str, Any], sessions: list[SessionRecord],
+                  steps: list[StepRecord], styles: dict[str, plots.FlagStyle], out: Path) -> list[str]:
+    capacity = float(cards.get(v.card, {}).get("vram_gib", 0)) * GIB
+    card_sessions = [s for s in sessions if s.card == v.card]
+    card_steps = [st for st in steps if st.card == v.card]
+    order = list(dict.fromkeys([s.flags for s in card_sessions] + [c.flags for c in v.cells]))
+    roles = {c.flags: c.role for c in v.cells} | {s.flags: s.role for s in card_sessions}
+    lines = ["", f"## {v.card} — {v.world}", "", v.reason, ""]
+    if v.world in (World.NOT_BUILT, World.UNDECIDED) and v.evidence.get("flag_sets"):
+        lines += [f"Every flag set at {v.target_references} reference(s):", ""]
+        lines += [f"- `{f}` [{roles.get(f, '?')}]: {story}" for f, story in v.evidence["flag_sets"].items()]
+        lines.append("")
+    pairs = identical_pairs(card_steps)
+    pair_notes = {p.note() for p in pairs}
+    lines += [f"- note: {n}" for n in v.notes if n not in pair_notes]
+    lines += [f"- note: {_group_line(names, group)}" for names, group in identical_groups(pairs)]
+    refs = sorted({c.references for c in v.cells})
+    by = {(c.flags, c.references): c for c in v.cells}
+    ssim = _ssim(card_steps)
+    lines += ["", f"Capacity {fmt_bytes(capacity)}. Cells: highest request peak (device), mean seconds per "
+                  "request, mean PSNR and SSIM vs the baseline (100 dB / 1.000: identical).", "",
+              "| flag set | role | " + " | ".join(f"{n} ref" for n in refs) + " |",
+              "|---|---|" + "---|" * len(refs)]
+    for f in order:
+        lines.append(f"| {f} | {roles.get(f, '?')} | "
+                     + " | ".join(_cell_text(by.get((f, n)), ssim.get((f, n))) for n in refs) + " |")
+    lines += ["", *_session_rows(card_sessions, card_steps, v.cells), "",
+              "A session peak and a cell figure measure different windows and sources (see Terms below): "
+              "they need not agree.", ""]
+    for s in card_sessions:  # the sources side by side, where a session had more than one
+        if len([p for p in s.session_peaks if p.metric == "device"]) > 1:
+            lines += [f"Device-memory peaks of session {s.flags} by source:", "",
+                      render(reconcile(s.session_peaks)), ""]
+    never_ready = {s.flags: plots.start_failure_label(s.start_failure.kind) for s in card_sessions
+                   if s.start_failure}
+    figs = [("capacity", plots.capacity_figure(v.card, v.cells, order, capacity, styles, never_ready)
+             if v.cells else None),
+            ("latency", plots.latency_figure(v.card, card_steps, v.cells, order, styles))]
+    for name, fig in figs:
+        if fig is not None:
+            image = plots.save(fig, out / f"{v.card}-{name}.png")
+            lines += [f"![{v.card} {name}](plots/{image.name})", ""]
+    for s in card_sessions:
+        rows = load_memory(store.session_dir(s.key) / "memory.csv")
+        fig = plots.session_figure(s, [st for st in card_steps if st.flags == s.flags], rows, capacity)
+        if fig is not None:
+            image = plots.save(fig, out / f"{s.card}--{s.flags}-memory.png")
+            lines += [f"![{s.key} memory](plots/{image.name})", ""]
+    failures = [st for st in card_steps if st.status == Status.FAILED and st.failure]
+    if failures:
+        lines += ["Failures with evidence:", ""]
+        for st in failures:
+            assert st.failure is not None
+            ev = clip(" / ".join(st.failure.evidence[:2]), 320)
+            lines.append(f"- `{st.key}`: {st.failure.kind} — {st.failure.message}" + (f" — `{ev}`" if ev else ""))
+        lines.append("")
+    return lines

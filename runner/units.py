@@ -1,6 +1,9 @@
-"""Byte formatting that stays readable from a tiny CPU emulation (MiB) to a real card (GiB)."""
+"""Formatting shared by console, report and plots: bytes readable from a tiny CPU emulation (MiB) to a real card
+(GiB), seconds with one precision, text shortened without cutting a number from its unit."""
 
 from __future__ import annotations
+
+import re
 
 MIB, GIB = 2**20, 2**30
 
@@ -14,3 +17,23 @@ def fmt_bytes(value: float | None) -> str:
         return "?"
     div, name = unit_for(value)
     return f"{value / div:.2f} {name}"
+
+
+def fmt_s(seconds: float | None) -> str:
+    """Seconds with the same two decimals everywhere (console, report, plots)."""
+    return "?" if seconds is None else f"{seconds:.2f}"
+
+
+def clip(text: str, limit: int) -> str:
+    """Shorten at a sentence end (else a word boundary), never mid-number: "capacity of 7.75 " is wrong."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    head = text[:limit]
+    cut = head.rfind(". ") + 1  # keep whole sentences where one ends in the second half
+    if cut < limit // 2:
+        words = head[: head.rfind(" ")].split(" ") if " " in head else [head]
+        while len(words) > 1 and re.fullmatch(r"[\d.,]+", words[-1]):  # a number without its unit misleads
+            words.pop()
+        return " ".join(words).rstrip() + " …"
+    return head[:cut] + " …"
