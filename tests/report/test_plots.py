@@ -1,0 +1,138 @@
+"""The plots read back from matplotlib's own artists (legend texts, patch gids and colours, line data), not
+pixels: every flag set is in its card's capacity legend with one style across cards, broken requests are not
+shaded as served, the quoted peak is drawn, a session that OOMed at load gets a plot that says so."""
+
+from __future__ import annotations
+
+import matplotlib.colors as mcolors
+import pytest
+from matplotlib.collections import LineCollection
+from matplotlib.patches import Rectangle
+
+from runner import plots
+from runner.matrix import VerdictRules
+from runner.records import Failure, FailureClass, Peak, Sanity, Scores, ServerStart, SessionRecord, Status, StepRecord
+from runner.verdict import summarise
+
+MIB = 2**20
+RULES = VerdictRules(target_references=2, max_latency_ratio=3.0, min_psnr_db=20, offload_roles=("offload",),
+                     max_transparent_share=0.5, min_pixel_std=2.0)
+GOOD = Sanity(64, 64, "RGB", 0.0, 40.0, False, False)
+BROKEN = Sanity(64, 64, "RGBA", 0.97, 0.5, False, True, ("97% of pixels fully transparent",))
+ORDER = ["default", "offload", "int8", "fp8"]
+
+
+def step(card: str, flags: str, n: int, status: Status = Status.OK, *, t: float = 0.0, mib: float = 5.0,
+         sanity: Sanity = GOOD, walls: tuple[float, ...] = (), seed: int = 1) -> StepRecord:
+    ok = status == Status.OK
+    return StepRecord(key=f"{card}/{flags}/refs-{n}/f-seed-{seed}", card=card, flags=flags, role="x", fixture="f",
+                      references=n, seed=seed, status=status, started_at=100.0 + t,
+                      wall_s=None if status == Status.SKIPPED else 0.5, wall_samples_s=walls,
+                      failure=Failure(FailureClass.OOM, "HTTP 500") if status == Status.FAILED else None,
+                      skip_reason="server did not start" if status == Status.SKIPPED else None,
+                      peaks=() if status == Status.SKIPPED else
+                      (Peak("server-response", "device", int(mib * MIB), 1, None, True),),
+                      scores=Scores("b", 30.0, 0.9, True, None, sanity) if ok else None)
+
+
+def card_steps(card: str) -> list[StepRecord]:
+    """int8 and fp8 have identical memory (fp8's output is broken); default never started (skipped)."""
+    out = []
+    for n in (1, 2):
+        out += [step(card, "default", n, Status.SKIPPED), step(card, "offload", n, mib=3 + n),
+                step(card, "int8", n, mib=4 + n), step(card, "fp8", n, mib=4 + n, sanity=BROKEN)]
+    return out
+
+
+def never_started(card: str) -> SessionRecord:
+    failure = Failure(FailureClass.OOM_AT_LOAD, "out of memory at load",
+                      ("2026-01-01 00:00:00,000 ERROR refserver: model load failed: CUDA out of memory. Tried to "
+                       "allocate 1.06 MiB. GPU 0 has a total capacity of 5.00 MiB of which 891.17 KiB is free.",))
+    load = (Peak("server", "device", None, 0, None, False, "no samples in window (ConnectError)"),)
+    return SessionRecord(f"{card}/default", card, "default", "default", "local",
+                         (ServerStart(0, 100.0, None, failure, stopped_at=108.0, load_peaks=load),))
+
+
+def legend_texts(fig) -> list[str]:
+    return [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+
+
+def test_every_flag_set_is_in_the_capacity_legend_with_one_style_across_cards() -> None:
+    styles = plots.flag_styles(ORDER)
+    colours = {}
+    for card in ("a", "b"):
+        cells = summarise(card_steps(card), RULES)
+        fig = plots.capacity_figure(card, cells, ORDER, 6 * MIB, styles, {"default": "OOM at load"})
+        texts = legend_texts(fig)
+        for flags in ORDER:
+            assert any(t == flags or t.startswith(f"{flags}:") for t in texts), (flags, texts)
+        assert "default: OOM at load" in texts
+        handles = fig.axes[0].get_legend().legend_handles
+        colours[card] = {t.split(":")[0]: mcolors.to_hex(h.get_color())
+                         for t, h in zip(texts, handles, strict=True) if t.split(":")[0] in ORDER}
+        # int8 and fp8 have the same figures: drawn side by side, not one on top of the other
+        lines = {ln.get_label(): ln for ln in fig.axes[0].get_lines()}
+        assert set(lines["int8"].get_xdata()).isdisjoint(lines["fp8"].get_xdata())
+        assert list(lines["int8"].get_ydata()) == list(lines["fp8"].get_ydata())
+        # the never-started flag set is drawn (stars on the capacity line), in its own colour
+        stars = [ln for ln in fig.axes[0].get_lines() if ln.get_marker() == "*"]
+        assert stars and all(y == 6.0 for y in stars[0].get_ydata())
+        assert mcolors.to_hex(stars[0].get_markerfacecolor()) == mcolors.to_hex(styles["default"].color)
+        # "not served" crosses are black: no flag set shares their colour
+        crosses = [ln for ln in fig.axes[0].get_lines() if ln.get_marker() == "x"]
+        assert crosses and all(mcolors.to_hex(c.get_color()) == "#000000" for c in crosses)
+        plots.plt.close(fig)
+    assert colours["a"] == colours["b"] and len(set(colours["a"].values())) == len(ORDER)
+    assert "#000000" not in colours["a"].values() and mcolors.to_hex("tab:red") not in colours["a"].values()
+
+
+def test_broken_steps_are_not_shaded_as_served() -> None:
+    steps = [step("c", "fp8", 1, t=1), step("c", "fp8", 1, t=2, sanity=BROKEN, seed=2),
+             step("c", "fp8", 2, Status.FAILED, t=3)]
+    session = SessionRecord("c/fp8", "c", "fp8", "quantization", "local",
+                            (ServerStart(0, 99.0, 1.0, None, stopped_at=105.0),))
+    rows = [(100.0 + i / 10, 0, "server", "device", int((4 + (i % 7) / 10) * MIB)) for i in range(40)]
+    fig = plots.session_figure(session, steps, rows, 6 * MIB)
+    assert fig is not None
+    spans = {p.get_gid(): p for p in fig.axes[0].patches if isinstance(p, Rectangle) and p.get_gid()}
+    served_colour = mcolors.to_rgb(plots.OUTCOME_COLORS["served"])
+    by_outcome = {gid.split("|")[2]: mcolors.to_rgb(p.get_facecolor()) for gid, p in spans.items()
+                  if gid.startswith("step|")}
+    assert spans["step|c/fp8/refs-1/f-seed-2|broken"] is not None
+    assert by_outcome["broken"] != served_colour and by_outcome["failed"] != served_colour
+    assert by_outcome["served"] == served_colour
+    # the quoted request peak is drawn (a horizontal segment at each step's server-response figure)
+    segments = [seg for c in fig.axes[0].collections if isinstance(c, LineCollection) for seg in c.get_segments()]
+    assert any(abs(seg[0][1] - 5.0) < 1e-9 for seg in segments)
+    # sparse series are steps, not straight ramps
+    trace = next(ln for ln in fig.axes[0].get_lines() if ln.get_label() == "server (sampled)")
+    assert trace.get_drawstyle() == "steps-post"
+    plots.plt.close(fig)
+
+
+def test_oom_at_load_session_gets_a_plot_that_says_so() -> None:
+    rows = [(100.0 + i / 10, 0, "host", "host", 300 * MIB) for i in range(60)]
+    fig = plots.session_figure(never_started("c"), [], rows, 5 * MIB)
+    assert fig is not None
+    dev = fig.axes[0]
+    assert "OOM at load" in dev.get_title()
+    assert any(ln.get_gid() == "never-ready|0" for ln in dev.get_lines())
+    note = " ".join(t.get_text() for t in dev.texts)
+    assert "no device reading while loading" in note and "CUDA out of memory" in note
+    assert "5.00 MiB" in note or note.endswith("…")  # the quoted evidence is never cut mid-number
+    plots.plt.close(fig)
+    # without any memory row at all it still gets its plot
+    assert plots.session_figure(never_started("c"), [], [], 5 * MIB) is not None
+
+
+def test_latency_plot_shows_the_spread_of_repeats() -> None:
+    steps = [step("c", "offload", n, walls=(0.4, 0.5, 0.9)) for n in (1, 2)]
+    cells = summarise(steps, RULES)
+    fig = plots.latency_figure("c", steps, cells, ["offload"], plots.flag_styles(["offload"]))
+    assert fig is not None
+    container = fig.axes[0].containers[0]
+    _, _, (bars,) = container
+    (lo, hi) = bars.get_segments()[0][:, 1]
+    assert lo == pytest.approx(0.4) and hi == pytest.approx(0.9)
+    assert "repeats" in fig.axes[0].get_title()
+    plots.plt.close(fig)
