@@ -13,7 +13,7 @@ from rich.table import Column
 from runner.events import Events
 from runner.records import Status, StepRecord
 from runner.units import clip, fmt_bytes, fmt_s
-from runner.verdict import Verdict
+from runner.verdict import Cell, Verdict, World
 
 SESSION_WIDTH = 34  # fixed column widths: the bars do not shift between frames as texts change length
 MEMORY_WIDTH = 22
@@ -40,10 +40,35 @@ def step_line(r: StepRecord) -> str:
     return f"{head}: " + ", ".join(parts)
 
 
-def verdict_line(v: Verdict, limit: int = 150) -> str:
+def verdict_line(v: Verdict, limit: int = 200) -> str:
     """One short line per card for the console; report.md carries the whole reason."""
     head = f"{v.card}: {v.world}" + (f" ({v.flags})" if v.flags else "")
-    return f"{head} — {clip(v.reason, max(40, limit - len(head)))}"
+    ev = v.evidence
+    if v.world in (World.FITS_RESIDENT, World.OFFLOAD_WORKS) and ev.get("peak_bytes") is not None:
+        parts = [f"{v.target_references} refs at peak {fmt_bytes(ev['peak_bytes'])} ({ev.get('peak_source')})",
+                 f"{fmt_s(ev.get('wall_s'))} s/request"]
+        if ev.get("latency_ratio") is not None:
+            parts.append(f"{ev['latency_ratio']:.2f}× the reference latency")
+        if ev.get("psnr_db") is not None:
+            parts.append(f"PSNR {ev['psnr_db']:.1f} dB")
+        body = ", ".join(parts)
+    elif v.world == World.NOT_BUILT and v.cells:
+        order = dict.fromkeys([*ev.get("flag_sets", {}), *(c.flags for c in v.cells)])
+        body = f"at {v.target_references} refs: " + ", ".join(f"{f} {_ceiling(v.cells, f)}" for f in order)
+    else:
+        body = v.reason
+    return clip(f"{head} — {body}", limit)
+
+
+def _ceiling(cells: tuple[Cell, ...], flags: str) -> str:
+    """What one flag set managed, in a few words: "serves ≤3 (oom at 4)", "not started", "serves none (broken)"."""
+    mine = sorted((c for c in cells if c.flags == flags), key=lambda c: c.references)
+    if all(c.blocker == "skipped" for c in mine):
+        return "not started" if any("did not start" in (c.why_not or "") for c in mine) else "skipped"
+    served = [c.references for c in mine if c.served]
+    first_bad = next((c for c in mine if not c.served and c.blocker != "skipped"), None)
+    why = f" ({first_bad.blocker} at {first_bad.references})" if first_bad else ""
+    return (f"serves ≤{max(served)}" if served else "serves none") + why
 
 
 class ProgressView(Events):

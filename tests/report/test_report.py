@@ -13,7 +13,7 @@ from runner.records import Failure, FailureClass, Peak, ServerStart, SessionReco
 from runner.report import write_report
 from runner.store import RunStore
 from runner.units import clip
-from runner.verdict import Verdict, World, decide_all
+from runner.verdict import Verdict, World, decide_all, summarise
 
 from .test_plots import BROKEN, RULES, card_steps, never_started, step
 
@@ -83,7 +83,11 @@ def test_console_verdict_line_is_short_and_clips_at_words() -> None:
     v = Verdict("c", World.NOT_BUILT, 4, None, "; ".join(["default 'default': server did not start (oom_at_load: "
                                                           "out of memory at load)"] * 8), {}, (), ())
     line = verdict_line(v)
-    assert len(line) <= 152 and line.startswith("c: not-built — ") and line.endswith("…")
+    assert len(line) <= 202 and line.startswith("c: not-built — ") and line.endswith("…")
+    cells = tuple(summarise(card_steps("c"), RULES))
+    line = verdict_line(replace(v, target_references=2, cells=cells))
+    assert line == ("c: not-built — at 2 refs: default not started, fp8 serves none (broken at 1), "
+                    "int8 serves ≤2, offload serves ≤2")
     assert clip("a total capacity of 7.75 MiB of which", 26) == "a total capacity of …"
 
 
