@@ -34,7 +34,7 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "h", "<", ">", "p")
 DASHES = ("-", "--", "-.", ":")
 OUTCOME_COLORS = {"served": "tab:green", "broken": "tab:orange", "failed": "tab:red"}
 OUTCOME_HATCH = {"served": None, "broken": "///", "failed": "x"}
-NOT_SERVED = {"marker": "x", "color": "black", "ms": 6, "mew": 1.4, "ls": "none"}
+NOT_SERVED = {"marker": "x", "color": "black", "ms": 5, "mew": 1.3, "ls": "none"}
 NEVER_READY = {"marker": "*", "mec": "black", "ms": 15, "mew": 1.0, "ls": "none"}
 
 # What each memory source measures, and why it may have no reading during load (report glossary + plot notes).
@@ -123,7 +123,9 @@ def capacity_figure(card: str, cells: Sequence[Cell], order: Sequence[str], capa
         ax.plot([p[0] for p in pts], [p[1] for p in pts], color=style.color, marker=style.marker, ls=style.dash,
                 lw=style.width, ms=8, alpha=0.9, label=label)
         bad = [(x, y) for x, y, served in pts if not served]
-        if bad:
+        if bad:  # hollow in the flag set's colour with a black x: whose point it is stays visible
+            ax.plot([b[0] for b in bad], [b[1] for b in bad], marker=style.marker, mfc="white", mec=style.color,
+                    ms=8, mew=1.5, ls="none", zorder=4)
             ax.plot([b[0] for b in bad], [b[1] for b in bad], **NOT_SERVED, zorder=5)
             crossed = True
     ax.axhline(capacity_bytes / div, color="black", ls=":", lw=1)
@@ -132,7 +134,7 @@ def capacity_figure(card: str, cells: Sequence[Cell], order: Sequence[str], capa
     labels.append(f"capacity {fmt_bytes(capacity_bytes)}")
     if crossed:
         handles.append(Line2D([], [], **NOT_SERVED))
-        labels.append("not served (failed, broken or low PSNR); an OOM is drawn at capacity")
+        labels.append("not served (failed, broken or low PSNR): hollow + x; an OOM is drawn at capacity")
     if starred:
         handles.append(Line2D([], [], mfc="white", **NEVER_READY))
         labels.append("server never ready: no request sent (drawn at capacity)")
@@ -174,6 +176,8 @@ def latency_figure(card: str, steps: Sequence[StepRecord], cells: Sequence[Cell]
                     capsize=3, alpha=0.9, label=flags)
         bad = [(x, y) for x, y, (n, _) in zip(xs, ys, pts, strict=True) if not served.get((flags, n), True)]
         if bad:
+            ax.plot([b[0] for b in bad], [b[1] for b in bad], marker=style.marker, mfc="white", mec=style.color,
+                    ms=8, mew=1.5, ls="none", zorder=4)
             ax.plot([b[0] for b in bad], [b[1] for b in bad], **NOT_SERVED, zorder=5)
             crossed = True
     handles, labels = ax.get_legend_handles_labels()
@@ -249,6 +253,11 @@ def session_figure(session: SessionRecord, steps: Sequence[StepRecord],
             span = ax.axvspan(x, x + (s.wall_s or 0), facecolor=OUTCOME_COLORS[outcome],
                               edgecolor=OUTCOME_COLORS[outcome], alpha=0.25, lw=0, hatch=OUTCOME_HATCH[outcome])
             span.set_gid(f"step|{s.key}|{outcome}")
+    first = next((s for s in sent if s.deterministic is not None), None)
+    if first is not None:  # the unshaded activity right after it is the same request sent again
+        x = (first.started_at or t0) - t0 + (first.wall_s or 0)
+        dev.annotate("determinism\nrepeat", (x, 0.9), xycoords=("data", "axes fraction"), fontsize=6.5,
+                     color="dimgrey", ha="left", va="top")
     for x0, x1, n in _ref_groups(sent, t0):
         dev.annotate(f"{n} ref{'s' if n > 1 else ''}", ((x0 + x1) / 2, 1.01), xycoords=("data", "axes fraction"),
                      fontsize=8, ha="center", va="bottom")
@@ -261,7 +270,7 @@ def session_figure(session: SessionRecord, steps: Sequence[StepRecord],
             ax.axvspan(x_start, ready, facecolor="grey", alpha=0.08, lw=0).set_gid(f"load|{st.attempt}")
         first = min((r[0] for r in rows if r[3] == "device" and r[0] >= st.started_at), default=None)
         if first is None or first - st.started_at > 0.5 * (ready - x_start):  # most of the load unseen
-            why = "; ".join(f"{p.source}: {_short_reason(p.source, p.reason)}" for p in st.load_peaks
+            why = "; ".join(f"{p.source} {short_reason(p.source, p.reason)}" for p in st.load_peaks
                             if p.metric == "device") or "no device meter"
             if first is not None and first - t0 <= ready:
                 why = f"first reading {fmt_s(first - t0)} s, at readiness; " + why
@@ -269,7 +278,7 @@ def session_figure(session: SessionRecord, steps: Sequence[StepRecord],
         if st.failure is not None and st.ready_s is None:
             for ax in (dev, host):
                 ax.axvline(ready, color="tab:red", lw=1.5).set_gid(f"never-ready|{st.attempt}")
-            evidence = clip(_strip_log_prefix(st.failure.evidence[0]), 150) if st.failure.evidence else ""
+            evidence = clip(strip_log_prefix(st.failure.evidence[0]), 150) if st.failure.evidence else ""
             notes.append(f"server never ready: {start_failure_label(st.failure.kind)}, stopped at {fmt_s(ready)} s"
                          + (f" — {evidence}" if evidence else ""))
     if notes:
@@ -297,16 +306,16 @@ def session_figure(session: SessionRecord, steps: Sequence[StepRecord],
     return fig
 
 
-def _short_reason(source: str, reason: str | None) -> str:
+def short_reason(source: str, reason: str | None) -> str:
     if source == "server":
-        return "its /metrics answers only once the server is up (the port opens after load)"
-    return clip(reason or "unavailable", 80)
+        return "has no reading before its port opens, i.e. until load is over"
+    return "had no reading: " + clip(reason or "unavailable", 80)
 
 
 _LOG_PREFIX = re.compile(r"^\d{4}-\d\d-\d\d[ T][\d:,.]+\s+\w+\s+[\w.-]+:\s*")
 
 
-def _strip_log_prefix(line: str) -> str:
+def strip_log_prefix(line: str) -> str:
     return _LOG_PREFIX.sub("", line)
 
 

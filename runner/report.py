@@ -11,8 +11,13 @@ from typing import Any
 
 from runner import plots
 from runner.meters.reconcile import reconcile, render
+<<<<<<< HEAD
 from runner.records import SessionRecord, Status, StepRecord
 from runner.store import RunStore, load_memory
+=======
+from runner.records import Failure, SessionRecord, Status, StepRecord
+from runner.store import RunStore, load_memory, write_json
+>>>>>>> 9930916 (Evidence: after plots/report on the same run; docs (architecture, results, README setup note))
 from runner.units import GIB, clip, fmt_bytes, fmt_s
 from runner.verdict import Cell, IdenticalPair, Verdict, World, identical_pairs
 
@@ -72,7 +77,7 @@ def _load_peak(session: SessionRecord) -> str:
             at_ready = " at readiness" if p.source == "server" else ""
             shown.append(f"{fmt_bytes(p.bytes)} ({p.source}{at_ready})")
         else:
-            shown.append(f"n/a ({p.source}: {plots._short_reason(p.source, p.reason)})")
+            shown.append(f"n/a: {p.source} {plots.short_reason(p.source, p.reason)}")
     return "; ".join(shown)
 
 
@@ -83,6 +88,12 @@ def _ready(session: SessionRecord) -> str:
     if first.ready_s is not None:
         return fmt_s(first.ready_s)
     return f"never ({first.failure.kind})" if first.failure else "never"
+
+
+def _start_failure(fail: Failure) -> str:
+    """The failure class in words and the server's own line that decided it (not the class restated)."""
+    line = clip(plots.strip_log_prefix(fail.evidence[0]), 160) if fail.evidence else fail.message
+    return f"{plots.start_failure_label(fail.kind)} — {line}"
 
 
 def _session_rows(card_sessions: list[SessionRecord], steps: list[StepRecord], cells: Sequence[Cell]) -> list[str]:
@@ -98,7 +109,7 @@ def _session_rows(card_sessions: list[SessionRecord], steps: list[StepRecord], c
         check = next((st for st in steps if st.flags == s.flags and st.deterministic is not None), None)
         det = "–" if check is None else "yes" if check.deterministic else f"**no** ({check.repeat_psnr_db} dB)"
         fail = s.start_failure
-        what = (f"{plots.start_failure_label(fail.kind)}: {fail.message}" if fail else "; ".join(s.notes)) or "–"
+        what = (_start_failure(fail) if fail else "; ".join(s.notes)) or "–"
         rows.append(f"| {s.flags} | {s.role} | {len(s.starts)} | {_ready(s)} | {_load_peak(s)} | {request} | "
                     f"{peaks} | {det} | {what.replace('|', '/')} |")
     return rows
@@ -139,7 +150,7 @@ def _group_line(names: list[str], pairs: list[IdenticalPair]) -> str:
               "with different memory peaks: the flags changed memory, not the output" if not any(same) else
               "memory peaks the same for some pairs, different for others")
     return f"byte-identical images from {' = '.join(repr(n) for n in names)} on every step they share " \
-           f"({shared} per pair), {memory}"
+           f"({shared} shared steps per pair), {memory}"
 
 
 def _is_refserver(run: dict[str, Any], sessions: Sequence[SessionRecord]) -> bool:
@@ -208,7 +219,9 @@ def _card_section(store: RunStore, v: Verdict, cards: dict[str, Any], sessions: 
     lines = ["", f"## {v.card} — {v.world}", "", v.reason, ""]
     if v.world in (World.NOT_BUILT, World.UNDECIDED) and v.evidence.get("flag_sets"):
         lines += [f"Every flag set at {v.target_references} reference(s):", ""]
-        lines += [f"- `{f}` [{roles.get(f, '?')}]: {story}" for f, story in v.evidence["flag_sets"].items()]
+        stories = v.evidence["flag_sets"]
+        lines += [f"- `{f}` [{roles.get(f, '?')}]: {stories[f]}" for f in dict.fromkeys([*order, *stories])
+                  if f in stories]
         lines.append("")
     pairs = identical_pairs(card_steps)
     pair_notes = {p.note() for p in pairs}

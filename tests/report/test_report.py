@@ -67,9 +67,9 @@ def test_report_reads_right(tmp_path: Path) -> None:
     groups = [ln for ln in text.splitlines() if "byte-identical" in ln]
     assert len(groups) == 1 and "'int8' = 'offload' = 'resident'" in groups[0], groups
     row = [ln for ln in text.splitlines() if ln.startswith("| default | default |")][-1]  # the session row
-    assert "never (oom_at_load)" in row and "n/a (server" in row and "OOM at load" in row
+    assert "never (oom_at_load)" in row and "OOM at load — model load failed: CUDA out of memory" in row
     columns = [c.strip() for c in row.strip("|").split("|")]
-    assert columns[4].startswith("n/a (server")  # load peak: why there is none, never a silent dash
+    assert columns[4].startswith("n/a: server has no reading")  # load peak: why there is none, never a silent dash
     assert "total capacity of 7.75 MiB" in text and "capacity of 7.75 `" not in text
     for source in ("nvml", "server", "server-response", "host", "sidecar", "dcgm", "prometheus"):
         assert f"| `{source}` |" in text
