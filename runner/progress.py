@@ -15,7 +15,7 @@ from runner.records import Status, StepRecord
 from runner.units import clip, fmt_bytes, fmt_s
 from runner.verdict import Cell, Verdict, World
 
-SESSION_WIDTH = 34  # fixed column widths: the bars do not shift between frames as texts change length
+SESSION_WIDTH = 42  # fixed column widths: the bars do not shift between frames as texts change length
 MEMORY_WIDTH = 22
 
 
