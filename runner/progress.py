@@ -24,7 +24,8 @@ def step_line(r: StepRecord) -> str:
     if r.status == Status.SKIPPED:
         return f"{head}: skipped ({r.skip_reason})"
     if r.status == Status.FAILED:
-        return f"{head}: FAILED {r.failure.kind if r.failure else ''} after {fmt_s(r.wall_s)} s"
+        after = f" after {fmt_s(r.wall_s)} s" if r.wall_s is not None else ""
+        return f"{head}: FAILED {r.failure.kind if r.failure else 'without a failure record'}{after}"
     peak = r.peak("device")
     parts = [f"ok {fmt_s(r.wall_s)} s"]
     if peak and peak.bytes is not None:

@@ -107,7 +107,8 @@ def _session_rows(card_sessions: list[SessionRecord], steps: list[StepRecord], c
         top = max(mine, key=lambda c: c.peak_bytes or 0, default=None)
         request = f"{fmt_bytes(top.peak_bytes)} ({top.peak_source}, {top.references} ref)" if top else "none"
         check = next((st for st in steps if st.flags == s.flags and st.deterministic is not None), None)
-        det = "–" if check is None else "yes" if check.deterministic else f"**no** ({check.repeat_psnr_db} dB)"
+        det = ("–" if check is None else "yes" if check.deterministic else "**no**" + (
+            f" (repeat PSNR {check.repeat_psnr_db:.1f} dB)" if check.repeat_psnr_db is not None else ""))
         fail = s.start_failure
         what = (_start_failure(fail) if fail else "; ".join(s.notes)) or "–"
         rows.append(f"| {s.flags} | {s.role} | {len(s.starts)} | {_ready(s)} | {_load_peak(s)} | {request} | "
