@@ -201,9 +201,12 @@ def write_report(store: RunStore, verdicts: list[Verdict]) -> Path:
         lines += _card_section(store, v, cards, sessions, steps, styles, out)
     lines += ["## Terms and memory sources", "", *[f"- {t}" for t in TERMS], "",
               "| source | what it reads | in this run |", "|---|---|---|"]
-    used = {p.source for s in steps for p in s.peaks} | {p.source for s in sessions for p in s.session_peaks}
+    peaks = [p for s in steps for p in s.peaks] + [p for s in sessions for p in s.session_peaks]
+    read = {p.source for p in peaks if p.available}
+    tried = {p.source for p in peaks} - read
     for name, what in plots.SOURCES.items():
-        lines.append(f"| `{name}` | {what} | {'yes' if name in used else '–'} |")
+        state = "yes" if name in read else "configured, never available" if name in tried else "–"
+        lines.append(f"| `{name}` | {what} | {state} |")
     lines += ["", "docs/meters.md has each source's rate, what it catches and what it misses.", ""]
     path = store.root / "report.md"
     path.write_text("\n".join(lines) + "\n")

@@ -75,6 +75,8 @@ def test_report_reads_right(tmp_path: Path) -> None:
     assert "total capacity of 7.75 MiB" in text and "capacity of 7.75 `" not in text
     for source in ("nvml", "server", "server-response", "host", "sidecar", "dcgm", "prometheus"):
         assert f"| `{source}` |" in text
+    assert "| `server-response` |" in next(ln for ln in text.splitlines() if ln.endswith("| yes |"))
+    assert next(ln for ln in text.splitlines() if ln.startswith("| `nvml` |")).endswith("| – |")
     assert "session peak" in text and "load peak" in text
     plots = {p.name for p in (store.root / "plots").glob("*.png")}
     assert {"c-capacity.png", "c-latency.png", "c--default-memory.png"} <= plots
