@@ -116,7 +116,8 @@ def capacity_figure(card: str, cells: Sequence[Cell], order: Sequence[str], capa
             starred = True
         # An OOM means the demand exceeded the capacity, whatever a sampled meter caught before the failure:
         # such a point is drawn at the capacity line, not at a reading that would look like a drop.
-        pts = [(c.references + style.offset, (capacity_bytes if c.blocker == "oom" else c.peak_bytes) / div, c.served)
+        pts = [(c.references + style.offset,
+                max(c.peak_bytes or 0, capacity_bytes if c.blocker == "oom" else 0) / div, c.served)
                for c in mine if c.peak_bytes is not None or c.blocker == "oom"]
         if not pts and flags not in never_ready:
             label += " (no peak measured)"

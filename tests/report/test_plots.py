@@ -136,3 +136,12 @@ def test_latency_plot_shows_the_spread_of_repeats() -> None:
     assert lo == pytest.approx(0.4) and hi == pytest.approx(0.9)
     assert "repeats" in fig.axes[0].get_title()
     plots.plt.close(fig)
+
+
+def test_an_oom_is_drawn_at_the_capacity_line_not_at_the_lower_sampled_reading() -> None:
+    steps = [step("c", "default", 1, mib=4.0), step("c", "default", 2, Status.FAILED, mib=4.5)]
+    cells = summarise(steps, RULES)
+    fig = plots.capacity_figure("c", cells, ["default"], 6 * MIB, plots.flag_styles(["default"]), {})
+    line = next(ln for ln in fig.axes[0].get_lines() if ln.get_label() == "default")
+    assert list(line.get_ydata()) == [4.0, 6.0]
+    plots.plt.close(fig)
