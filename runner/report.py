@@ -11,13 +11,8 @@ from typing import Any
 
 from runner import plots
 from runner.meters.reconcile import reconcile, render
-<<<<<<< HEAD
-from runner.records import SessionRecord, Status, StepRecord
-from runner.store import RunStore, load_memory
-=======
 from runner.records import Failure, SessionRecord, Status, StepRecord
-from runner.store import RunStore, load_memory, write_json
->>>>>>> 9930916 (Evidence: after plots/report on the same run; docs (architecture, results, README setup note))
+from runner.store import RunStore, load_memory
 from runner.units import GIB, clip, fmt_bytes, fmt_s
 from runner.verdict import Cell, IdenticalPair, Verdict, World, identical_pairs
 
