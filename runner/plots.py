@@ -195,6 +195,12 @@ def latency_figure(card: str, steps: Sequence[StepRecord], cells: Sequence[Cell]
     return fig
 
 
+def step_span(step: StepRecord) -> float:
+    """Seconds a step's window lasted: every timed send of the request back to back (its peaks cover them all;
+    the gaps between sends are only the client's turnaround), else the first send."""
+    return sum(step.wall_samples_s) if len(step.wall_samples_s) > 1 else (step.wall_s or 0.0)
+
+
 def _ref_groups(steps: Sequence[StepRecord], t0: float) -> list[tuple[float, float, int]]:
     """Consecutive sent steps with the same reference count: one label per group keeps labels readable."""
     groups: list[list[float]] = []
@@ -202,7 +208,7 @@ def _ref_groups(steps: Sequence[StepRecord], t0: float) -> list[tuple[float, flo
     for s in steps:
         if s.started_at is None:
             continue
-        x0, x1 = s.started_at - t0, s.started_at - t0 + (s.wall_s or 0)
+        x0, x1 = s.started_at - t0, s.started_at - t0 + step_span(s)
         if last == s.references:
             groups[-1][1] = x1
         else:
@@ -241,7 +247,7 @@ def session_figure(session: SessionRecord, steps: Sequence[StepRecord],
     sources = sorted({p.source for _, p in quoted})
     for i, (s, p) in enumerate(quoted):
         x = (s.started_at or t0) - t0
-        dev.hlines(p.bytes / ddiv, x, x + (s.wall_s or 0), color="black", lw=2.2, zorder=4,  # type: ignore[operator]
+        dev.hlines(p.bytes / ddiv, x, x + step_span(s), color="black", lw=2.2, zorder=4,  # type: ignore[operator]
                    label=f"request peak quoted in the tables ({', '.join(sources)})" if i == 0 else None)
     outcomes_seen = set()
     for s in sent:
@@ -251,11 +257,11 @@ def session_figure(session: SessionRecord, steps: Sequence[StepRecord],
         outcomes_seen.add(outcome)
         x = (s.started_at or t0) - t0
         for ax in (dev, host):
-            span = ax.axvspan(x, x + (s.wall_s or 0), facecolor=OUTCOME_COLORS[outcome],
+            span = ax.axvspan(x, x + step_span(s), facecolor=OUTCOME_COLORS[outcome],
                               edgecolor=OUTCOME_COLORS[outcome], alpha=0.25, lw=0, hatch=OUTCOME_HATCH[outcome])
             span.set_gid(f"step|{s.key}|{outcome}")
     first = next((s for s in sent if s.deterministic is not None), None)
-    if first is not None:  # the unshaded activity right after it is the same request sent again
+    if first is not None and len(first.wall_samples_s) <= 1:  # then its untimed re-send follows, unshaded
         x = (first.started_at or t0) - t0 + (first.wall_s or 0)
         dev.annotate("determinism\nrepeat", (x, 0.9), xycoords=("data", "axes fraction"), fontsize=6.5,
                      color="dimgrey", ha="left", va="top")
