@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner import runinfo
+from runner import preflight, runinfo
 from runner.errors import UserError
 from runner.events import Events, Fanout
 from runner.matrix import Matrix, load_matrix
@@ -47,6 +47,7 @@ class Opened:
 def open_run(matrix_path: str, results: str | None, resume: str | None) -> Opened:
     matrix = load_matrix(matrix_path)
     plan = make_plan(matrix)
+    preflight.check(matrix, plan, Path(resume or results or matrix.run.results_dir), resume=bool(resume))
     started = dt.datetime.now().timestamp()
     if resume:
         root = Path(resume)
@@ -192,8 +193,12 @@ def run(matrix_path: str, *, results: str | None = None, resume: str | None = No
 
 
 def _reap_leftovers(matrix: Matrix, todo: Pending) -> None:
-    """Containers labelled by an earlier, interrupted run of this runner are removed before this one starts;
-    nothing without the runner's label is touched."""
+    """What a dead runner left is stopped before this run starts, and each removal says why: local servers by
+    recorded PID + start time, containers whose owner labels name a dead runner. A live run's are kept."""
+    from runner.backends.local import reap_orphans
+
+    for note in reap_orphans():
+        print(f"runner: {note}", file=sys.stderr)
     hosts = {matrix.cards[c].docker_host for lane in todo.lanes for c in lane.cards
              if matrix.cards[c].backend == "docker"}
     if not hosts:
@@ -205,7 +210,8 @@ def _reap_leftovers(matrix: Matrix, todo: Pending) -> None:
     for host in hosts:
         where = host or "local engine"
         try:
-            for name in reap(host):
-                print(f"runner: removed container {name} left by an earlier run ({where})", file=sys.stderr)
+            for name, removed, why in reap(host):
+                print(f"runner: {'removed' if removed else 'left'} container {name} ({where}): {why}",
+                      file=sys.stderr)
         except DockerException as exc:
             print(f"runner: could not check {where} for leftover containers: {exc}", file=sys.stderr)

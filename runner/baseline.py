@@ -24,7 +24,7 @@ def load_samples(directory: Path) -> list[Sample]:
     path = directory / "samples.json"
     try:
         doc: Any = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
         raise UserError(f"{path}: cannot read baseline samples: {exc}") from None
     items = doc.get("samples") if isinstance(doc, dict) else None
     if not isinstance(items, list):
@@ -34,7 +34,7 @@ def load_samples(directory: Path) -> list[Sample]:
         try:
             sample = Sample(str(item["fixture"]), item.get("references"), int(item["seed"]),
                             directory / item["file"], item.get("wall_s"))
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             raise UserError(f"{path}: key 'samples[{i}]' needs fixture, seed and file, got {item!r}"[:300]) \
                 from None
         if not sample.file.is_file():

@@ -302,7 +302,7 @@ class SessionRunner:
         name, base_image = self.baselines.image(step)
         rules = self.ctx.matrix.verdict
         scores = scoring.score(image, base_image, name, max_transparent_share=rules.max_transparent_share,
-                               min_pixel_std=rules.min_pixel_std)
+                               min_pixel_std=rules.min_pixel_std, expected_size=self.run.size)
         repeat_psnr = None
         if served.repeat_image is not None:
             # How far apart: numerical noise (high dB) or an ignored seed (low dB)?
@@ -553,7 +553,7 @@ def run_plan(ctx: RunContext) -> list[SessionRecord]:
                         break
                     except TimeoutError:
                         continue
-        except KeyboardInterrupt:
+        except BaseException:  # Ctrl-C, or a record that cannot be written (StoreError): every lane stops
             ctx.stop.set()  # lanes stop after their current request; servers are stopped in finally
             for f in futures:
                 f.result()

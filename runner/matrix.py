@@ -7,7 +7,8 @@ Every problem becomes one UserError line naming the file, the key and the value;
 from __future__ import annotations
 
 import hashlib
-import string
+import math
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,7 +23,12 @@ DIALECTS = names(Dialect)
 BACKENDS = names(Backend)
 METERS = names(MeterName)
 ROLES = names(Role)
+MAX_SIDE = 16384  # pixels per side of a requested image
+MAX_TIMEOUT_S = 7 * 86400  # a timeout longer than a week is a typo, and must not mean "forever"
 PLACEHOLDERS = ("port", "host", "model", "python", "card", "gpu", "vram_gib", "flags")
+# Card, flag-set, fixture, server and run names become folder and container names: identifiers only.
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+NAME_RULE = "1-64 characters: letters, digits, '-', '_', '.'; starting with a letter or digit"
 
 
 @dataclass(frozen=True)
@@ -168,6 +174,8 @@ class _Table:
         # bool is an int in Python, but `steps = true` is a mistake, not 1.
         if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
             raise self._err(key, f"must be {what or _kind_name(kinds)}, got {_show(value)}")
+        if isinstance(value, float) and not math.isfinite(value):  # TOML allows nan/inf; JSON and timers do not
+            raise self._err(key, f"must be a finite number, got {_show(value)}")
         return value
 
     def list_of(self, key: str, kind: type, default: Any = ..., *, min_len: int = 0) -> tuple:
@@ -175,6 +183,8 @@ class _Table:
         for item in value:
             if not isinstance(item, kind) or (isinstance(item, bool) and kind is not bool):
                 raise self._err(key, f"must hold only {_kind_name((kind,))}, got {_show(item)}")
+            if isinstance(item, float) and not math.isfinite(item):
+                raise self._err(key, f"must hold only finite numbers, got {_show(item)}")
         if len(value) < min_len:
             raise self._err(key, f"must hold at least {min_len} item(s), got {_show(value)}")
         return tuple(value)
@@ -182,8 +192,12 @@ class _Table:
     def str_map(self, key: str) -> dict[str, str]:
         value = self.get(key, dict, {}, what="a table of strings")
         for k, v in value.items():
-            if not isinstance(v, (str, int, float)) or isinstance(v, bool):
+            if not isinstance(v, (str, int, float)) or isinstance(v, bool) or \
+                    (isinstance(v, float) and not math.isfinite(v)):
                 raise self._err(f"{key}.{k}", f"must be a string, got {_show(v)}")
+            if not ENV_NAME_RE.fullmatch(k):
+                raise self._err(f"{key}.{k}", "is not an environment variable name (letters, digits, '_'; "
+                                              "not starting with a digit)")
         return {k: str(v) for k, v in value.items()}
 
     def choice(self, key: str, choices: tuple[str, ...], default: Any = ...) -> str:
@@ -192,11 +206,20 @@ class _Table:
             raise self._err(key, f"must be one of {', '.join(choices)}, got {_show(value)}")
         return value
 
-    def positive(self, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+    def positive(self, key: str, kind: type | tuple[type, ...], default: Any = ..., *,
+                 maximum: float | None = None) -> Any:
         value = self.get(key, kind, default)
         if value is not None and value <= 0:
             raise self._err(key, f"must be > 0, got {_show(value)}")
+        if value is not None and maximum is not None and value > maximum:
+            raise self._err(key, f"must be <= {maximum:g}, got {_show(value)}")
         return value
+
+    def between(self, key: str, low: float, high: float, default: Any = ...) -> float:
+        value = self.get(key, (int, float), default)
+        if not low <= value <= high:
+            raise self._err(key, f"must be between {low:g} and {high:g}, got {_show(value)}")
+        return float(value)
 
     def sub(self, key: str) -> _Table:
         self.seen.add(key)
@@ -225,9 +248,8 @@ def _show(value: Any) -> str:
 
 
 def _name_ok(file: Path, section: str, name: str) -> None:
-    allowed = set(string.ascii_letters + string.digits + "-_.")
-    if not name or not set(name) <= allowed:
-        raise UserError(f"{file}: [{section}.{name}] name may use only letters, digits, '-', '_' and '.'")
+    if not NAME_RE.fullmatch(name):
+        raise UserError(f"{file}: [{section}.{_show(name)}] is not a valid name ({NAME_RULE})")
 
 
 def parse_size(text: str) -> tuple[int, int] | None:
@@ -238,16 +260,62 @@ def parse_size(text: str) -> tuple[int, int] | None:
     return (w, h) if w > 0 and h > 0 else None
 
 
-def check_template(file: Path, where: str, text: str) -> None:
-    """Placeholders in commands must be known: a typo would otherwise reach the server verbatim."""
-    try:
-        fields = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
-    except ValueError as exc:
-        raise UserError(f"{file}: key '{where}' has a bad placeholder in {text!r}: {exc}") from None
-    for name in fields:
-        if name not in PLACEHOLDERS:
-            raise UserError(f"{file}: key '{where}' uses unknown placeholder {{{name}}} "
-                            f"(known: {', '.join(PLACEHOLDERS)})")
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A template holds literal text, `{{` / `}}` (literal braces), `{name}` placeholders (names only: no format
+# spec, conversion, attribute or index — str.format would evaluate those) and, in env values, `${VAR}`: a
+# variable of the runner's own environment, resolved only when the server starts (never stored).
+_TOKEN = re.compile(r"\$\{([^{}]*)\}|\{\{|\}\}|\{([^{}]*)\}|[{}]")
+
+
+def _template_error(text: str, *, env_refs: bool) -> str | None:
+    for m in _TOKEN.finditer(text):
+        token = m.group(0)
+        if token in ("{{", "}}"):
+            continue
+        if m.group(1) is not None:
+            if not env_refs:
+                return f"references {token}; runner environment references are allowed only in env values"
+            if not ENV_NAME_RE.fullmatch(m.group(1)):
+                return f"references {_show(token)}, which is not an environment variable name"
+            continue
+        if m.group(2) is None:
+            return f"has a lone {token!r} in {_show(text)} (write {token * 2} for a literal brace)"
+        if m.group(2) not in PLACEHOLDERS:
+            return (f"uses unknown placeholder {token[:40]} (known: {', '.join(PLACEHOLDERS)}; placeholders "
+                    f"are names only; write {{{{ and }}}} for literal braces)")
+    return None
+
+
+def check_template(file: Path, where: str, text: str, *, env_refs: bool = False) -> None:
+    """Placeholders must be known: a typo would otherwise reach the server verbatim."""
+    problem = _template_error(text, env_refs=env_refs)
+    if problem:
+        raise UserError(f"{file}: key '{where}' {problem}")
+
+
+def render_template(text: str, values: Mapping[str, str]) -> str:
+    """Fill `{name}` placeholders of a template check_template accepted; `${VAR}` stays for the backend."""
+    def sub(m: re.Match[str]) -> str:
+        token = m.group(0)
+        if m.group(1) is not None:
+            return token
+        if token in ("{{", "}}"):
+            return token[0]
+        return values[m.group(2)] if m.group(2) is not None else token
+
+    return _TOKEN.sub(sub, text)
+
+
+def env_refs(text: str) -> list[str]:
+    """The runner environment variables a template references (`${VAR}`)."""
+    return [m.group(1) for m in _TOKEN.finditer(text) if m.group(1) is not None]
+
+
+def _env_map(file: Path, t: _Table, key: str) -> dict[str, str]:
+    env = t.str_map(key)
+    for k, v in env.items():
+        check_template(file, f"{t.key(key)}.{k}", v, env_refs=True)
+    return env
 
 
 # --- sections ----------------------------------------------------------------------------------------------
@@ -258,27 +326,41 @@ def _run(file: Path, t: _Table, base: Path) -> RunSettings:
     size = None
     if size_text is not None and (size := parse_size(size_text)) is None:
         raise t.err("size", f"must look like '1024x1024', got {_show(size_text)}")
+    if size is not None and max(size) > MAX_SIDE:
+        raise t.err("size", f"must be at most {MAX_SIDE}x{MAX_SIDE}, got {_show(size_text)}")
     seeds = t.list_of("seeds", int, [0], min_len=1)
+    for seed in seeds:
+        if not 0 <= seed < 2**63:
+            raise t.err("seeds", f"must hold integers from 0 to 2**63-1, got {seed}")
+    if len(set(seeds)) != len(seeds):
+        dup = next(x for x in seeds if seeds.count(x) > 1)
+        raise t.err("seeds", f"holds seed {dup} twice (its records would overwrite each other)")
     restarts = t.get("restarts", int, 1)
-    if restarts < 0:
-        raise t.err("restarts", f"must be >= 0, got {restarts}")
+    if not 0 <= restarts <= 100:
+        raise t.err("restarts", f"must be from 0 to 100, got {restarts}")
+    name = t.get("name", str, None)
+    if name is not None and not NAME_RE.fullmatch(name):
+        raise t.err("name", f"must be a name ({NAME_RULE}), got {_show(name)}")
+    results_text = t.get("results_dir", str, "results")
+    if not results_text.strip() or "\0" in results_text:
+        raise t.err("results_dir", f"must be a folder path, got {_show(results_text)}")
     run = RunSettings(
-        name=t.get("name", str, file.stem),
+        name=name or (re.sub(r"[^A-Za-z0-9_.-]+", "-", file.stem).strip(".-_")[:64] or "run"),
         seeds=seeds,
         steps=t.positive("steps", int, 20),
         size=size,
         true_cfg_scale=t.get("true_cfg_scale", (int, float), None),
         negative_prompt=t.get("negative_prompt", str, None),
-        request_timeout_s=float(t.positive("request_timeout_s", (int, float), 600)),
-        ready_timeout_s=float(t.positive("ready_timeout_s", (int, float), 900)),
-        results_dir=(base / Path(t.get("results_dir", str, "results")).expanduser()).resolve(),
+        request_timeout_s=float(t.positive("request_timeout_s", (int, float), 600, maximum=MAX_TIMEOUT_S)),
+        ready_timeout_s=float(t.positive("ready_timeout_s", (int, float), 900, maximum=MAX_TIMEOUT_S)),
+        results_dir=(base / Path(results_text).expanduser()).resolve(),
         stop_after_oom=t.get("stop_after_oom", bool, True),
         restarts=restarts,
         determinism_check=t.get("determinism_check", bool, True),
-        repeats=t.positive("repeats", int, 2),
+        repeats=t.positive("repeats", int, 2, maximum=100),
         oom_implies_seeds=t.get("oom_implies_seeds", bool, True),
         require_idle_gpu=t.get("require_idle_gpu", bool, False),
-        sample_hz=float(t.positive("sample_hz", (int, float), 20)),
+        sample_hz=float(t.positive("sample_hz", (int, float), 20, maximum=1000)),
     )
     t.done()
     return run
@@ -305,7 +387,7 @@ def _server(file: Path, name: str, t: _Table) -> ServerProfile:
     profile = ServerProfile(
         name=name, command=command, image=image, port=port, health_path=health,
         dialect=t.choice("dialect", DIALECTS, "vllm-omni-chat"), model=t.get("model", str, name),
-        env=t.str_map("env"), mounts=tuple(mounts), shm_size=t.get("shm_size", str, None),
+        env=_env_map(file, t, "env"), mounts=tuple(mounts), shm_size=t.get("shm_size", str, None),
         ipc_mode=t.get("ipc_mode", str, None),
     )
     t.done()
@@ -333,7 +415,7 @@ def _card(file: Path, name: str, t: _Table, servers: Mapping[str, ServerProfile]
     card = Card(
         name=name, server=server, backend=backend, docker_host=docker_host,
         gpu=None if gpu is None else str(gpu), vram_gib=float(gib if gib is not None else mib / 1024),
-        meters=meters, publish_host=t.get("publish_host", str, "127.0.0.1"), env=t.str_map("env"),
+        meters=meters, publish_host=t.get("publish_host", str, "127.0.0.1"), env=_env_map(file, t, "env"),
         dcgm_url=t.get("dcgm_url", str, None), prometheus_url=t.get("prometheus_url", str, None),
         sidecar_url=t.get("sidecar_url", str, None),
     )
@@ -353,7 +435,7 @@ def _flags(file: Path, name: str, t: _Table) -> FlagSet:
     args = t.list_of("args", str, ())
     for i, arg in enumerate(args):
         check_template(file, f"{t.path}.args[{i}]", arg)
-    flags = FlagSet(name=name, role=t.choice("role", ROLES, "other"), args=args, env=t.str_map("env"),
+    flags = FlagSet(name=name, role=t.choice("role", ROLES, "other"), args=args, env=_env_map(file, t, "env"),
                     description=t.get("description", str, ""))
     t.done()
     return flags
@@ -371,18 +453,20 @@ def _axes(file: Path, t: _Table, cards: Mapping, flags: Mapping, fixtures: Mappi
     def names(key: str, known: Mapping) -> tuple[str, ...]:
         chosen = t.list_of(key, str, tuple(known))
         for n in chosen:
+            if chosen.count(n) > 1:
+                raise t.err(key, f"names {_show(n)} twice")
             if n not in known:
                 raise t.err(key, f"names unknown {key[:-1] if key != 'flags' else 'flag set'} {_show(n)} "
                                  f"(known: {', '.join(known) or 'none'})")
         return chosen
 
     axes = Axes(cards=names("cards", cards), flags=names("flags", flags),
-                references=tuple(sorted(set(t.list_of("references", int, [1])))),
+                references=tuple(sorted(set(t.list_of("references", int, [1], min_len=1)))),
                 fixtures=names("fixtures", fixtures),
                 exclude=tuple(t.get("exclude", list, [], what="a list of tables")))
     for n in axes.references:
-        if n < 0:
-            raise t.err("references", f"must be >= 0, got {n}")
+        if not 0 <= n <= 64:
+            raise t.err("references", f"must hold counts from 0 to 64, got {n}")
     for i, ex in enumerate(axes.exclude):
         et = _Table(file, f"{t.path}.exclude[{i}]", ex)
         card, fl = et.get("card", str, None), et.get("flags", str, None)
@@ -395,11 +479,17 @@ def _axes(file: Path, t: _Table, cards: Mapping, flags: Mapping, fixtures: Mappi
     if not (axes.cards and axes.flags and axes.fixtures):
         empty = "cards" if not axes.cards else "flags" if not axes.flags else "fixtures"
         raise UserError(f"{file}: the matrix is empty: no {empty} (add a [{empty}.NAME] table)")
+    if not any(_kept(axes, c, f) for c in axes.cards for f in axes.flags):
+        raise t.err("exclude", "leaves out every card × flag set cell: nothing would run")
     for fx in axes.fixtures:
         if len(fixtures[fx].references) < max(axes.references):
             raise UserError(f"{file}: key 'fixtures.{fx}.references' holds {len(fixtures[fx].references)} "
                             f"image(s) but the matrix asks for {max(axes.references)}")
     return axes
+
+
+def _kept(axes: Axes, card: str, flags: str) -> bool:
+    return not any(ex.get("card", card) == card and ex.get("flags", flags) == flags for ex in axes.exclude)
 
 
 def _baseline(file: Path, t: _Table, base: Path, cards: Mapping, flags: Mapping) -> Baseline | None:
@@ -424,11 +514,14 @@ def _verdict(t: _Table, axes: Axes) -> VerdictRules:
     rules = VerdictRules(
         target_references=t.get("target_references", int, max(axes.references)),
         max_latency_ratio=float(t.positive("max_latency_ratio", (int, float), 2.5)),
-        min_psnr_db=float(t.get("min_psnr_db", (int, float), 20.0)),
+        min_psnr_db=t.between("min_psnr_db", 0, 100, 20.0),  # 100 dB: the cap for identical images
         offload_roles=t.list_of("offload_roles", str, ("offload",)),
-        max_transparent_share=float(t.get("max_transparent_share", (int, float), 0.5)),
-        min_pixel_std=float(t.get("min_pixel_std", (int, float), 2.0)),
+        max_transparent_share=t.between("max_transparent_share", 0, 1, 0.5),
+        min_pixel_std=t.between("min_pixel_std", 0, 255, 2.0),
     )
+    if rules.target_references not in axes.references:
+        raise t.err("target_references", f"must be one of the matrix's reference counts "
+                                         f"{list(axes.references)}, got {rules.target_references}")
     for role in rules.offload_roles:
         if role not in ROLES:
             raise t.err("offload_roles", f"names unknown role {_show(role)} (known: {', '.join(ROLES)})")
@@ -476,7 +569,8 @@ def load_matrix(path: str | Path, *, check_files: bool = True, base: Path | None
     missing = tuple(p for p in needed if not p.is_file())
     if check_files and missing:
         kind = "baseline file" if missing[0].name == "samples.json" else "reference image"
-        raise UserError(f"{file}: {kind} not found: {missing[0]}")
+        what = "is not a regular file" if missing[0].exists() else "not found"
+        raise UserError(f"{file}: {kind} {what}: {missing[0]}")
     return Matrix(path=file, sha256=hashlib.sha256(raw).hexdigest(), text=text, run=run, servers=servers,
                   cards=cards, flags=flags, fixtures=fixtures, baseline=baseline, axes=axes, verdict=verdict,
                   missing_files=missing)

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from runner.matrix import Card, FlagSet, Matrix, Mount, ServerProfile
+from runner.matrix import Card, FlagSet, Matrix, Mount, ServerProfile, render_template
 from runner.secrets import MASK, mask_env
 from runner.units import GIB, fmt_bytes
 
@@ -132,8 +132,9 @@ def device_of(matrix: Matrix, card: str) -> str:
 
 
 def render(template: str, values: Mapping[str, str]) -> str:
-    """Fill the matrix's placeholders (names only, checked at load)."""
-    return template.format_map(values)
+    """Fill the matrix's placeholders (names only, checked at load; no str.format, which would evaluate format
+    specs). A `${VAR}` in an env value stays: the backend resolves it when the server starts."""
+    return render_template(template, values)
 
 
 def server_plan(matrix: Matrix, card: Card, flags: FlagSet) -> ServerPlan:

@@ -14,6 +14,7 @@ from typing import Any
 from runner import __version__
 from runner.matrix import Matrix
 from runner.plan import Plan
+from runner.secrets import mask_text
 from runner.store import RunStore
 
 
@@ -30,11 +31,18 @@ def package_versions() -> dict[str, str]:
     return out
 
 
+def all_env(matrix: Matrix) -> list[tuple[str, str]]:
+    """Every env entry of the matrix (servers, cards, flag sets): what mask_text must look for."""
+    return [kv for h in (*matrix.servers.values(), *matrix.cards.values(), *matrix.flags.values())
+            for kv in h.env.items()]
+
+
 def run_doc(matrix: Matrix, plan: Plan, run_id: str, started: float) -> dict[str, Any]:
     return {
         "run_id": run_id,
         "started_at": started, "started_at_iso": iso_time(started),
-        "matrix": {"path": str(matrix.path.resolve()), "sha256": matrix.sha256, "text": matrix.text},
+        "matrix": {"path": str(matrix.path.resolve()), "sha256": matrix.sha256,
+                   "text": mask_text(matrix.text, all_env(matrix))},
         "runner": {"version": __version__, "python": platform.python_version(),
                    "packages": package_versions()},
         "host": {"hostname": socket.gethostname(), "platform": platform.platform(), "cpus": os.cpu_count()},

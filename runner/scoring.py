@@ -20,7 +20,10 @@ def decode(png: bytes) -> Image.Image:
     return image
 
 
-def sanity(image: Image.Image, *, max_transparent_share: float = 0.5, min_pixel_std: float = 2.0) -> Sanity:
+def sanity(image: Image.Image, *, max_transparent_share: float = 0.5, min_pixel_std: float = 2.0,
+           expected_size: tuple[int, int] | None = None, baseline_size: tuple[int, int] | None = None) -> Sanity:
+    """Structural checks; a size other than the one requested (or the baseline's) is broken output: the
+    server ignored the request, and the image cannot be compared."""
     alpha_share = 0.0
     if "A" in image.getbands():
         alpha = np.asarray(image.getchannel("A"))
@@ -29,6 +32,10 @@ def sanity(image: Image.Image, *, max_transparent_share: float = 0.5, min_pixel_
     std = float(rgb.std())
     nan_or_black = bool(not np.isfinite(rgb).all() or rgb.max() <= 1.0)
     reasons = []
+    if expected_size is not None and image.size != tuple(expected_size):
+        reasons.append(f"image is {image.width}x{image.height}, requested {expected_size[0]}x{expected_size[1]}")
+    elif baseline_size is not None and image.size != tuple(baseline_size):
+        reasons.append(f"image is {image.width}x{image.height}, baseline is {baseline_size[0]}x{baseline_size[1]}")
     if alpha_share > max_transparent_share:
         reasons.append(f"{alpha_share:.0%} of pixels fully transparent")
     if nan_or_black:
@@ -53,8 +60,10 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def score(image: Image.Image, baseline: Image.Image | None, baseline_name: str | None, *,
-          max_transparent_share: float = 0.5, min_pixel_std: float = 2.0) -> Scores:
-    checks = sanity(image, max_transparent_share=max_transparent_share, min_pixel_std=min_pixel_std)
+          max_transparent_share: float = 0.5, min_pixel_std: float = 2.0,
+          expected_size: tuple[int, int] | None = None) -> Scores:
+    checks = sanity(image, max_transparent_share=max_transparent_share, min_pixel_std=min_pixel_std,
+                    expected_size=expected_size, baseline_size=baseline.size if baseline is not None else None)
     if baseline is None:
         return Scores(baseline_name, None, None, None, "no baseline image for this fixture and seed", checks)
     if baseline.size != image.size:

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
+from runner.errors import UserError
 from runner.records import SessionRecord, StepRecord
 
 
@@ -30,18 +31,43 @@ class Series(Protocol):
     value: tuple[int, ...]
 
 
+class StoreError(UserError):
+    """The results folder cannot take a record (disk full, read-only, removed): the run stops; every record
+    written before stays as it is (each was written atomically)."""
+
+
+def inside(root: Path, relative: str) -> Path:
+    """root/relative, refused unless it stays inside root: names become paths, and a path built from them
+    must never leave the run folder (names are validated at load; this is the last line of defence)."""
+    path = root / relative
+    base = os.path.abspath(root)
+    if os.path.commonpath([base, os.path.abspath(path)]) != base or ".." in Path(relative).parts:
+        raise ValueError(f"refusing a record path outside the run folder {root}: {relative!r}")
+    return path
+
+
 def atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    except OSError as exc:
+        raise _store_error(path, exc) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise _store_error(path, exc) from None
         raise
+
+
+def _store_error(path: Path, exc: OSError) -> StoreError:
+    return StoreError(f"cannot write {path}: {exc.strerror or exc}; the run stopped there, and every record "
+                      f"finished before it is kept")
 
 
 def write_json(path: Path, doc: Any) -> None:
@@ -53,17 +79,17 @@ class RunStore:
         self.root = root
 
     def step_path(self, key: str) -> Path:
-        return self.root / f"{key}.json"
+        return inside(self.root, f"{key}.json")
 
     def session_dir(self, session_key: str) -> Path:
-        return self.root / session_key
+        return inside(self.root, session_key)
 
     def write_run(self, doc: dict[str, Any]) -> None:
         write_json(self.root / "run.json", doc)
 
     def write_step(self, record: StepRecord, png: bytes | None = None) -> None:
         if png is not None:
-            atomic_write(self.root / f"{record.key}.png", png)
+            atomic_write(inside(self.root, f"{record.key}.png"), png)
         write_json(self.step_path(record.key), record.to_json())
 
     def write_verdicts(self, verdicts: list[dict[str, Any]]) -> None:

@@ -18,7 +18,7 @@ import httpx
 from runner.failures import classify_start
 from runner.matrix import Mount
 from runner.plan import ServerPlan
-from runner.records import Failure
+from runner.records import Failure, FailureClass
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,13 @@ class RunningServer(ABC):
     def info(self) -> dict[str, Any]:
         return {}
 
+    def foreign_answer(self) -> str | None:
+        """Why the process answering on the server's address is not the one this runner started, or None.
+
+        Checked before every readiness probe: a busy fixed port must never make the runner measure someone
+        else's server."""
+        return None
+
     # The log is a file in the session directory for every backend, so OOM lines are found the same way.
     def log_size(self) -> int:
         try:
@@ -126,6 +133,11 @@ class RunningServer(ABC):
                     self.stop()
                     raise StartFailed(classify_start(exit_code=gone.code, oom_killed=gone.oom_killed,
                                                      timed_out=False, log_tail=self.log_tail()))
+                # Who listens is checked before every probe, so not even the probe reaches a foreign server.
+                foreign = self.foreign_answer()
+                if foreign is not None:
+                    self.stop()
+                    raise StartFailed(Failure(FailureClass.LOAD_EXIT, foreign))
                 try:
                     if client.get(url).status_code == 200:
                         return time.monotonic() - t0

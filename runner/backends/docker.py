@@ -2,8 +2,9 @@
 
 The container publishes its port on a host port the engine picks; the runner reads it back and talks to
 `http://<engine host>:<port>`. Its logs are streamed into the session log file, so request-window OOM
-lines are found exactly as with the local backend. Every container carries `runner.managed=true` and the
-run's labels; nothing here touches a container without them.
+lines are found exactly as with the local backend. Every container carries `runner.managed=true`, the
+run's labels and its owner (runner host, PID, PID start time); nothing here touches a container without
+them, and reap() removes only containers whose owner is provably dead.
 
 `ssh://user@host[:port]` uses the SDK's shell-out mode (`use_ssh_client=True`): the local `ssh` binary with
 the user's own config, keys and agent, running `docker system dial-stdio` on the host. The SDK imports
@@ -26,7 +27,9 @@ from docker.models.containers import Container
 from docker.types import DeviceRequest
 from docker.types import Mount as DockerMount
 
+from runner.backends import owner
 from runner.backends.base import ExitInfo, RunningServer, ServerSpec
+from runner.secrets import resolve_env
 
 MANAGED = "runner.managed"
 STOP_TIMEOUT_S = 10  # SIGTERM grace before the engine sends SIGKILL
@@ -173,7 +176,8 @@ class DockerServer(RunningServer):
         # create, then start: a start the engine refuses (no NVIDIA runtime for a GPU request, port taken)
         # leaves a created container, which stop() must still be able to remove.
         self.container = self.client.containers.create(
-            image.id, command=list(spec.argv), environment=dict(spec.env), labels=dict(spec.labels),
+            image.id, command=list(spec.argv), environment=resolve_env(spec.env, os.environ),
+            labels={**spec.labels, **owner.me().labels()},
             name=spec.name, auto_remove=False, mounts=bind_mounts(spec),
             # An init as PID 1 forwards stop's SIGTERM (a shell or `sleep` as PID 1 ignores it) and reaps
             # the server's worker processes.
@@ -212,6 +216,13 @@ class DockerServer(RunningServer):
             return
         if old.labels.get(MANAGED) != "true":
             raise ValueError(f"a container named {name} exists and is not managed by runner; not touching it")
+        # Same name = same run id: an earlier attempt of this run. Replaced unless a live runner (another
+        # process resuming the same run) still owns it.
+        dead, why = owner.owner_state(old.labels)
+        previous = owner.from_labels(old.labels)
+        if previous is not None and not dead and previous != owner.me():
+            raise ValueError(f"a container named {name} exists and belongs to another run ({why}); "
+                             f"not touching it")
         old.remove(force=True)
 
     def _read_port(self) -> int | None:
@@ -301,6 +312,21 @@ class DockerServer(RunningServer):
             if self.client is not None:
                 self.client.close()
 
+    def foreign_answer(self) -> str | None:
+        """The runner talks to the port the engine published for this container: it must still be this
+        container's, and the container must be running (else another listener could have the port)."""
+        if self.container is None or self.host_port is None:
+            return None
+        try:
+            self.container.reload()
+        except NotFound:
+            return f"container {self.spec.name} is gone; not probing port {self.host_port}"
+        port = published_port(self.container, self.spec.container_port or 0)
+        if port != self.host_port:
+            return (f"port {self.host_port} is no longer published by container {self.spec.name} "
+                    f"(now {port}); not measuring whatever answers there")
+        return None
+
     def host_memory_bytes(self) -> int | None:
         """The container's working set: from its cgroup files on a local engine, else one-shot stats."""
         if self.container is None or self._stopped or self._exit is not None:
@@ -323,22 +349,25 @@ class DockerServer(RunningServer):
 # --- cleanup of earlier runs -----------------------------------------------------------------------------
 
 
-def reap(docker_host: str | None, keep_run: str | None = None) -> list[str]:
-    """Remove containers labelled runner.managed=true (left by an interrupted run) on one engine.
+def reap(docker_host: str | None, keep_run: str | None = None) -> list[tuple[str, bool, str]]:
+    """Remove managed containers whose owning runner is provably dead, on one engine.
 
-    Call once per engine at run start, before any session starts; `keep_run` spares the containers of
-    that run id (e.g. the current one). Containers without the label are never listed, so never touched.
-    Returns the names removed.
+    A container is removed only when its labels name a runner on this host whose PID (with its start time)
+    no longer runs; a live run's containers, another host's, this run's (`keep_run`) and ones without owner
+    labels are kept. Containers without runner.managed=true are never listed, so never touched.
+    Returns (name, removed, why) for every managed container looked at.
     """
     client = connect(docker_host)
-    removed = []
+    notes = []
     try:
         for c in client.containers.list(all=True, filters={"label": f"{MANAGED}=true"}):
             if c.labels.get(MANAGED) != "true" or (keep_run and c.labels.get("runner.run") == keep_run):
                 continue
-            with contextlib.suppress(NotFound):
-                c.remove(force=True)
-                removed.append(c.name)
+            dead, why = owner.owner_state(c.labels)
+            if dead:
+                with contextlib.suppress(NotFound):
+                    c.remove(force=True)
+            notes.append((c.name, dead, why))
     finally:
         client.close()
-    return removed
+    return notes

@@ -1,29 +1,163 @@
-"""Backend `local`: the server as a subprocess in its own process group, output to the session log."""
+"""Backend `local`: the server as a subprocess in its own process group, output to the session log.
+
+Three guarantees on a shared machine:
+- the port is free before the start, and the process listening on it is in the started process tree before
+  any request is sent (a busy fixed port fails the start with "port N is in use by PID/name");
+- the server dies with the runner: a small supervisor (its parent, the group leader) stops the whole group
+  when the runner process dies, even by SIGKILL (it watches a pipe only the runner writes to);
+- each start is recorded (PID + start time + the runner's identity) in a state folder, so the next run
+  stops what a dead runner left (if the supervisor died with it) — by recorded PID and start time, never by
+  name.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import json
 import os
 import signal
+import socket
 import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import psutil
 
-from runner.backends.base import ExitInfo, RunningServer
+from runner.backends import owner
+from runner.backends.base import ExitInfo, RunningServer, StartFailed
+from runner.records import Failure, FailureClass
+from runner.secrets import resolve_env
+
+
+def state_dir() -> Path:
+    """Where local server records live: RUNNER_STATE_DIR, else $XDG_STATE_HOME/runner/servers."""
+    if os.environ.get("RUNNER_STATE_DIR"):
+        return Path(os.environ["RUNNER_STATE_DIR"])
+    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    return base / "runner" / "servers"
+
+
+# A tiny supervisor started in place of the server (the leader of the server's process group). It runs the
+# server as its child and watches a pipe whose only write end the runner holds: when the runner process dies
+# (SIGKILL included) the kernel closes that end, the read sees EOF, and the supervisor stops the whole group
+# (SIGTERM, SIGKILL after 5 s) — workers the server forked included, which a parent-death signal would miss.
+# It waits out stop()'s SIGTERM for its server and exits as the server did (same code, same signal).
+_SUPERVISOR = """
+import os, signal, sys, threading, time
+fd, argv = int(sys.argv[1]), sys.argv[2:]
+signal.signal(signal.SIGTERM, lambda *_: None)
+signal.signal(signal.SIGINT, lambda *_: None)
+pid = os.fork()
+if pid == 0:
+    os.close(fd)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as exc:
+        print(f"runner: cannot start {argv[0]}: {exc.strerror}", file=sys.stderr, flush=True)
+        os._exit(127)
+
+def watch():
+    while os.read(fd, 64):
+        pass
+    os.killpg(0, signal.SIGTERM)
+    time.sleep(5)
+    os.killpg(0, signal.SIGKILL)
+
+threading.Thread(target=watch, daemon=True).start()
+_, status = os.waitpid(pid, 0)
+if os.WIFSIGNALED(status):
+    signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+    os.kill(os.getpid(), os.WTERMSIG(status))
+os._exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def supervised_argv(argv: tuple[str, ...], fd: int) -> list[str]:
+    return [sys.executable, "-I", "-S", "-c", _SUPERVISOR, str(fd), *argv]
+
+
+def listeners(port: int) -> list[tuple[int | None, str]]:
+    """(PID, process name) of every TCP listener on `port` (PID None when it cannot be seen)."""
+    out = []
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+            name = "?"
+            with contextlib.suppress(psutil.Error):
+                name = psutil.Process(conn.pid).name() if conn.pid else "?"
+            out.append((conn.pid, name))
+    return out
+
+
+def _tree_listens(tree: set[int], port: int) -> bool:
+    for pid in tree:
+        with contextlib.suppress(psutil.Error):
+            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+                   for c in psutil.Process(pid).net_connections(kind="tcp")):
+                return True
+    return False
+
+
+def _anyone_listens(port: int) -> bool:
+    """Whether any TCP socket listens on `port`: /proc/net/tcp{,6} on Linux (one read), else a full scan."""
+    tables = [Path("/proc/net/tcp"), Path("/proc/net/tcp6")]
+    if not tables[0].exists():
+        return bool(listeners(port))
+    wanted = f":{port:04X}"
+    for table in tables:
+        with contextlib.suppress(OSError):
+            for line in table.read_text().splitlines()[1:]:
+                fields = line.split()
+                if len(fields) > 3 and fields[1].endswith(wanted) and fields[3] == "0A":  # 0A: LISTEN
+                    return True
+    return False
+
+
+def port_busy(host: str, port: int) -> str | None:
+    """Why `port` cannot be ours, or None when it is free to bind."""
+    with socket.socket() as s:
+        # As servers do: a connection of a stopped server in TIME_WAIT must not count as busy (a restart on a
+        # fixed port); on Linux the bind still fails while anything listens there.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            return None
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                return f"port {port} cannot be bound on {host}: {exc.strerror}"
+    who = ", ".join(f"PID {pid} ({name})" if pid else "a process this user cannot see"
+                    for pid, name in listeners(port)) or "another socket"
+    return f"port {port} is in use by {who}"
 
 
 class LocalServer(RunningServer):
-    proc: subprocess.Popen[bytes] | None = None
+    proc: subprocess.Popen[bytes] | None = None  # the supervisor (group leader); the server is its child
+    _record: Path | None = None
+    _lifeline: int | None = None  # write end of the supervisor's pipe; closing it stops the server
 
     def start(self) -> None:
+        if self.spec.port:
+            busy = port_busy(self.spec.host, self.spec.port)
+            if busy:
+                raise StartFailed(Failure(FailureClass.LOAD_EXIT, f"{busy}; not starting (the runner would "
+                                          f"measure that server instead of its own)"))
         self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **self.spec.env}
+        env = {**os.environ, **resolve_env(self.spec.env, os.environ)}
         if self.spec.gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.spec.gpu
-        with self.spec.log_path.open("ab") as log:
-            # Own session/process group: stop() signals only what this runner started.
-            self.proc = subprocess.Popen(self.spec.argv, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        read_end, self._lifeline = os.pipe()  # both non-inheritable: no other child holds the write end
+        try:
+            with self.spec.log_path.open("ab") as log:
+                # Own session/process group: stop() signals only what this runner started.
+                self.proc = subprocess.Popen(supervised_argv(self.spec.argv, read_end), stdout=log,
+                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                             start_new_session=True, pass_fds=(read_end,))
+        finally:
+            os.close(read_end)
+        self._record = _record_start(self.proc.pid, self.spec.name)
 
     def exited(self) -> ExitInfo | None:
         if self.proc is None:
@@ -31,30 +165,141 @@ class LocalServer(RunningServer):
         code = self.proc.poll()
         return None if code is None else ExitInfo(code)
 
+    def _tree(self) -> set[int]:
+        assert self.proc is not None
+        try:
+            root = psutil.Process(self.proc.pid)
+            return {root.pid, *(p.pid for p in root.children(recursive=True))}
+        except psutil.Error:
+            return set()
+
+    def foreign_answer(self) -> str | None:
+        if self.proc is None or not self.spec.port:
+            return None
+        # Cheap first (this runs before every readiness probe, for as long as a model loads): whether anyone
+        # listens at all (~2 ms CPU), then our own tree's sockets (~3 ms); the full system scan (~7 ms) only
+        # when someone else might.
+        if not _anyone_listens(self.spec.port):
+            return None
+        tree = self._tree()
+        if _tree_listens(tree, self.spec.port):
+            return None
+        found = listeners(self.spec.port)
+        if not found or any(pid in tree for pid, _ in found):
+            return None
+        who = ", ".join(f"PID {pid} ({name})" if pid else "an unseen process" for pid, name in found)
+        return (f"port {self.spec.port} is in use by {who}, not by the server this runner started "
+                f"(PID {self.proc.pid}); not measuring it")
+
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        pgid = self.proc.pid  # equal to the group id: start_new_session made it the leader
-        for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
+        try:
+            if self.proc is None:
                 return
-            try:
-                self.proc.wait(wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+            if self.proc.poll() is None:
+                _stop_group(self.proc.pid, lambda t: _wait(self.proc, t))
+            # Workers a crashed server left behind are still in its group (a PGID is not reused while it
+            # has members): they go too.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        finally:
+            if self._lifeline is not None:
+                os.close(self._lifeline)
+                self._lifeline = None
+            if self._record is not None:
+                self._record.unlink(missing_ok=True)
 
     def host_memory_bytes(self) -> int | None:
         if self.proc is None or self.proc.poll() is not None:
             return None
-        try:
-            root = psutil.Process(self.proc.pid)
-            procs = [root, *root.children(recursive=True)]
-            return sum(p.memory_info().rss for p in procs)
+        try:  # the server and its workers, not the supervisor
+            procs = psutil.Process(self.proc.pid).children(recursive=True)
+            return sum(p.memory_info().rss for p in procs) if procs else None
         except psutil.Error:
             return None
 
     def info(self) -> dict[str, Any]:
         return {"pid": self.proc.pid if self.proc else None, "argv": list(self.spec.argv)}
+
+
+def _wait(proc: subprocess.Popen[bytes] | None, timeout: float) -> bool:
+    try:
+        if proc is not None:
+            proc.wait(timeout)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def _stop_group(pgid: int, wait: Any) -> None:
+    """SIGTERM the group, SIGKILL what is left after 10 s (pgid: the leader's PID, start_new_session)."""
+    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        if wait(grace):
+            return
+
+
+# --- records of started servers, and cleanup of what a dead runner left ---------------------------------
+
+
+def _record_start(pid: int, name: str) -> Path | None:
+    """One small JSON per running server; removed at stop. Best effort: no state folder, no record."""
+    try:
+        started = psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+    doc = {"pid": pid, "started": started, "name": name, **owner.me().labels()}
+    path = state_dir() / f"{pid}-{int(started * 1000)}.json"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc))
+    except OSError:
+        return None
+    return path
+
+
+def reap_orphans() -> list[str]:
+    """Stop the process groups of local servers whose runner is dead; each line says what and why.
+
+    A group is identified by its leader's recorded PID + start time; members are signalled only when their
+    process group is that PID and they started after the leader (a PGID is not reused while it has members).
+    """
+    notes = []
+    folder = state_dir()
+    if not folder.is_dir():
+        return notes
+    for path in sorted(folder.glob("*.json")):
+        try:
+            doc = json.loads(path.read_text())
+            pid, started = int(doc["pid"]), float(doc["started"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        dead, why = owner.owner_state({k: str(v) for k, v in doc.items()})
+        if not dead:
+            continue
+        members = _group_members(pid, started)
+        for p in members:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        psutil.wait_procs(members, timeout=5)
+        if members:
+            notes.append(f"stopped local server {doc.get('name', '?')} (PID {pid}, {len(members)} process(es)): "
+                         f"{why}")
+        path.unlink(missing_ok=True)
+    return notes
+
+
+def _group_members(pgid: int, started: float) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["pid", "create_time", "status"]):
+        try:
+            if p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue  # already dead, waiting for its parent to reap it
+            if os.getpgid(p.pid) == pgid and p.info["create_time"] >= started - 0.01:
+                out.append(p)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return out
+

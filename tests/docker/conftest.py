@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import docker
 import pytest
-from docker.errors import DockerException
+from docker.errors import DockerException, ImageNotFound
 from dockerkit import BASE_IMAGE, BUILD, BUILD_TIMEOUT_S, IMAGE, leftovers
 
 
@@ -46,8 +46,13 @@ def refserver_image(docker_client: docker.DockerClient) -> str:
 
 
 @pytest.fixture(scope="session")
-def base_image(refserver_image: str) -> str:
-    return BASE_IMAGE  # build.sh made it on the way to the refserver image
+def base_image(docker_client: docker.DockerClient, request: pytest.FixtureRequest) -> str:
+    """The plain base: reused when present (tests that need only it skip the refserver build)."""
+    try:
+        docker_client.images.get(BASE_IMAGE)
+    except ImageNotFound:
+        request.getfixturevalue("refserver_image")  # build.sh makes it on the way to the refserver image
+    return BASE_IMAGE
 
 
 @pytest.fixture(autouse=True)

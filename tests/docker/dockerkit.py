@@ -44,3 +44,18 @@ def make_spec(tmp_path: Path, argv: tuple[str, ...], *, image: str = IMAGE, run_
     return ServerSpec(name=f"runner-{run_id}-c-t-0", argv=argv, env=kw.pop("env", {}), host="127.0.0.1",  # type: ignore[arg-type]
                       port=0, health_path="/health", log_path=tmp_path / "server.log", image=image,
                       container_port=8000, docker_host=docker_host, labels=labels(run_id), **kw)  # type: ignore[arg-type]
+
+
+def dead_owner_labels() -> dict[str, str]:
+    """Owner labels of a runner that has exited (a real process that started and ended on this host)."""
+    import socket
+    import subprocess
+
+    import psutil
+
+    from runner.backends import owner
+
+    proc = subprocess.Popen(["sleep", "0.1"])
+    started = psutil.Process(proc.pid).create_time()
+    proc.wait()
+    return owner.Owner(socket.gethostname(), proc.pid, started).labels()

@@ -10,7 +10,7 @@ import docker
 import httpx
 import psutil
 import pytest
-from dockerkit import labels, make_spec, new_run_id, refserver_argv
+from dockerkit import dead_owner_labels, labels, make_spec, new_run_id, refserver_argv
 from PIL import Image
 
 from runner import dialects
@@ -177,21 +177,24 @@ def test_stale_container_of_same_name_is_replaced_foreign_one_is_not(docker_clie
 @pytest.mark.docker
 def test_reap_removes_only_managed_containers(docker_client, base_image):
     old_run, current_run = new_run_id(), new_run_id()
-    old = docker_client.containers.run(base_image, "sleep 60", labels=labels(old_run), detach=True)
-    old_exited = docker_client.containers.run(base_image, "true", labels=labels(old_run), detach=True)
+    dead = {**labels(old_run), **dead_owner_labels()}
+    old = docker_client.containers.run(base_image, "sleep 60", labels=dead, detach=True)
+    old_exited = docker_client.containers.run(base_image, "true", labels=dead, detach=True)
     current = docker_client.containers.run(base_image, "sleep 60", labels=labels(current_run), detach=True)
     unmanaged = docker_client.containers.run(base_image, "sleep 60", labels={"runner.run": old_run},
                                              detach=True)
+    no_owner = docker_client.containers.run(base_image, "sleep 60", labels=labels(old_run), detach=True)
     try:
-        removed = reap(None, keep_run=current_run)
-        assert {old.name, old_exited.name} <= set(removed)
-        assert current.name not in removed and unmanaged.name not in removed
+        notes = {name: (removed, why) for name, removed, why in reap(None, keep_run=current_run)}
+        assert notes[old.name][0] and notes[old_exited.name][0] and "is gone" in notes[old.name][1]
+        assert notes[no_owner.name] == (False, notes[no_owner.name][1]) and "no owner labels" in notes[no_owner.name][1]
+        assert current.name not in notes and unmanaged.name not in notes
         assert gone(docker_client, old.name) and gone(docker_client, old_exited.name)
-        current.reload()
-        unmanaged.reload()
-        assert current.status == "running" and unmanaged.status == "running"
+        for c in (current, unmanaged, no_owner):
+            c.reload()
+            assert c.status == "running"
     finally:
-        for c in (current, unmanaged):
+        for c in (current, unmanaged, no_owner):
             c.remove(force=True)
 
 

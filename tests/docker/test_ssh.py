@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from dockerkit import labels, make_spec, new_run_id, refserver_argv
+from dockerkit import dead_owner_labels, labels, make_spec, new_run_id, refserver_argv
 
 from runner.backends.docker import DockerServer, reap
 
@@ -136,10 +136,11 @@ def test_refserver_over_ssh(docker_client, refserver_image, sshd, tmp_path):
 
 @pytest.mark.docker
 def test_reap_over_ssh(docker_client, base_image, sshd):
-    stale = docker_client.containers.run(base_image, "sleep 60", labels=labels(new_run_id()), detach=True,
-                                         init=True)
+    stale = docker_client.containers.run(base_image, "sleep 60", labels={**labels(new_run_id()),
+                                                                          **dead_owner_labels()},
+                                         detach=True, init=True)
     try:
-        assert stale.name in reap(sshd.docker_host)
+        assert (stale.name, True) in [(n, removed) for n, removed, _ in reap(sshd.docker_host)]
     finally:
         if docker_client.containers.list(all=True, filters={"id": stale.id}):
             stale.remove(force=True)

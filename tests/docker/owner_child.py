@@ -1,0 +1,29 @@
+"""One "run" for the concurrent-runs test: starts a container through DockerServer (so it carries this
+process's owner labels), then obeys lines on stdin: `reap` prints reap()'s notes as JSON, `stop` stops.
+
+    python owner_child.py IMAGE RUN_ID LOG_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from runner.backends.base import ServerSpec
+from runner.backends.docker import DockerServer, reap
+
+image, run_id, log_dir = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+spec = ServerSpec(name=f"runner-{run_id}-c-t-0", argv=("sleep", "300"), env={}, host="127.0.0.1", port=0,
+                  health_path="/health", log_path=log_dir / f"{run_id}.log", image=image, container_port=8000,
+                  labels={"runner.managed": "true", "runner.run": run_id, "runner.card": "c",
+                          "runner.flags": "t", "runner.attempt": "0"})
+server = DockerServer(spec)
+server.start()
+print(json.dumps({"started": spec.name}), flush=True)
+for line in sys.stdin:
+    if line.strip() == "reap":
+        print(json.dumps({"notes": reap(None)}), flush=True)
+    elif line.strip() == "stop":
+        break
+server.stop()
