@@ -141,6 +141,7 @@ CASES: dict[str, Case] = {
     "size-zero": edit('size = "64x64"', 'size = "0x0"'),
     "size-huge": edit('size = "64x64"', 'size = "99999x99999"'),
     "restarts-huge": edit("steps = 4", "steps = 4\nrestarts = 1000000000"),
+    "repeats-huge": edit("steps = 4", "steps = 4\nrepeats = 1000000000"),
     # --- placeholders are names only (item 10) ---
     "env-unknown-placeholder": edit("[cards.small]", '[cards.small]\nenv = { A = "{prot}" }'),
     "env-json-braces": edit("[cards.small]", '[cards.small]\nenv = { A = \'{"a": 1}\' }'),
