@@ -34,7 +34,7 @@ def rescore_against_cell(matrix: Matrix, store: RunStore) -> int:
         ref_png = store.read_png(ref.key) if ref else None
         scores = scoring.score(scoring.decode(png), scoring.decode(ref_png) if ref_png else None,
                                ref.key if ref else None, max_transparent_share=rules.max_transparent_share,
-                               min_pixel_std=rules.min_pixel_std)
+                               min_pixel_std=rules.min_pixel_std, expected_size=matrix.run.size)
         if ref is None:
             scores = replace(scores, reason=f"baseline cell {card or s.card}/{flags} has no image for this "
                                             f"fixture, reference count and seed")

@@ -157,3 +157,25 @@ def test_matrix_text_masking_survives_odd_toml(tmp_path: Path) -> None:
     masked = mask_text(text, pairs)
     assert SECRET not in masked
     assert tomllib.loads(masked)["servers"]["a"]["env"] == {"HF_TOKEN": "***", "OTHER": "1"}
+
+
+def test_cell_rescoring_keeps_the_requested_size_check(matrix_dir: Path, tmp_path: Path) -> None:
+    """A baseline cell of the same wrong size must not make a wrong-size image look served after the run."""
+    import io
+
+    from runner.rescore import rescore_against_cell
+
+    path = matrix_dir / "matrix.toml"
+    path.write_text(path.read_text() + '\n[baseline]\ncell = "small/default"\n')
+    m = load_matrix(path)  # size = "64x64"
+    store = RunStore(tmp_path / "run")
+    buf = io.BytesIO()
+    png((32, 32)).save(buf, "PNG")
+    for flags in ("default", "host-cache"):
+        step = StepRecord(key=f"small/{flags}/refs-1/pair-seed-1", card="small", flags=flags, role="default",
+                          fixture="pair", references=1, seed=1, status=Status.OK)
+        store.write_step(step, buf.getvalue())
+    rescore_against_cell(m, store)
+    for s in store.load_steps():
+        assert s.scores is not None and s.scores.sanity.broken
+        assert "requested 64x64" in s.scores.sanity.reasons[0]
