@@ -1,7 +1,9 @@
 """Failure classification: pure functions over what was observed, returning a FailureClass.
 
 vLLM-Omni reports a mid-request CUDA OOM as an HTTP 500 with a mangled message; the OOM text appears only
-in its log. So the server log lines written during the request window are evidence too.
+in its log. So the server log lines written during the request window are evidence too. A failure's
+evidence starts with the server's own last error lines (`error_lines`): the OOM line, the traceback's last
+line, an ERROR-level log line — what a reader needs to see why, without opening server.log.
 """
 
 from __future__ import annotations
@@ -13,8 +15,37 @@ from runner.records import Failure, FailureClass
 OOM_PATTERN = re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory", re.IGNORECASE)
 
 
+# The last line of a Python traceback (`ModuleNotFoundError: No module named 'x'`, `torch.OutOfMemoryError:
+# ...`): an unindented dotted name ending in Error/Exception/... and a colon or the end of the line.
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Fault)(:|$)")
+# A log record at error level: `ERROR refserver: ...`, vLLM's `ERROR 11-30 12:00:00 [x.py:12] ...`.
+ERROR_LEVEL = re.compile(r"\b(ERROR|CRITICAL|FATAL)\b")
+
+
 def oom_lines(text: str, limit: int = 3) -> tuple[str, ...]:
     return tuple(line.strip()[:400] for line in text.splitlines() if OOM_PATTERN.search(line))[:limit]
+
+
+def error_lines(text: str, limit: int = 3) -> tuple[str, ...]:
+    """The server's own last error lines in a log excerpt, most telling first: the last OOM line, the last
+    traceback line (the exception), else the last error-level log line. Empty when the text has none."""
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    ooms = [ln.strip() for ln in lines if OOM_PATTERN.search(ln)]
+    exceptions = [ln for ln in lines if EXCEPTION_LINE.match(ln)]
+    errors = [ln.strip() for ln in lines if ERROR_LEVEL.search(ln)]
+    picked = [*ooms[-1:], *exceptions[-1:]] or errors[-1:]
+    return tuple(dict.fromkeys(ln[:400] for ln in picked))[:limit]
+
+
+def _evidence(text: str) -> tuple[str, ...]:
+    """The server's error lines first, then the log's last lines for context (no line twice)."""
+    return tuple(dict.fromkeys((*error_lines(text), *tail(text))))
+
+
+def _with_cause(message: str, text: str) -> str:
+    """A message with the server's own last error line appended, when there is one."""
+    found = error_lines(text)
+    return f"{message}: {found[0]}" if found else message
 
 
 def classify_request(*, http_status: int | None, body: str, log_window: str, timed_out: bool,
@@ -22,20 +53,22 @@ def classify_request(*, http_status: int | None, body: str, log_window: str, tim
     """A request's outcome → a Failure, or None when an image came back."""
     body_oom, log_oom = oom_lines(body), oom_lines(log_window)
     if server_exit is not None:
-        evidence = log_oom or tail(log_window)
-        return Failure(FailureClass.OOM if log_oom else FailureClass.CRASH,
-                       f"server exited with code {server_exit} during the request", evidence,
-                       http_status, server_exit)
+        if log_oom:
+            return Failure(FailureClass.OOM, f"server exited with code {server_exit} during the request",
+                           log_oom, http_status, server_exit)
+        return Failure(FailureClass.CRASH,
+                       _with_cause(f"server exited with code {server_exit} during the request", log_window),
+                       _evidence(log_window), http_status, server_exit)
     if timed_out:
-        return Failure(FailureClass.TIMEOUT, "no response within the request deadline", tail(log_window))
+        return Failure(FailureClass.TIMEOUT, "no response within the request deadline", _evidence(log_window))
     if http_status is None:
-        return Failure(FailureClass.CONNECTION, body[:300] or "connection failed", tail(log_window))
+        return Failure(FailureClass.CONNECTION, body[:300] or "connection failed", _evidence(log_window))
     if http_status >= 400:
         if body_oom or log_oom:
             where = "response body" if body_oom else "server log during the request"
             return Failure(FailureClass.OOM, f"HTTP {http_status}; out-of-memory text in the {where}",
                            body_oom or log_oom, http_status)
-        return Failure(FailureClass.HTTP_ERROR, f"HTTP {http_status}: {body[:300]}", tail(log_window),
+        return Failure(FailureClass.HTTP_ERROR, f"HTTP {http_status}: {body[:300]}", _evidence(log_window),
                        http_status)
     if parse_problem:
         return Failure(FailureClass.BAD_RESPONSE, parse_problem, (), http_status)
@@ -49,10 +82,11 @@ def classify_start(*, exit_code: int | None, oom_killed: bool, timed_out: bool, 
         what = "killed by the kernel OOM killer" if oom_killed and not ooms else "out of memory at load"
         return Failure(FailureClass.OOM_AT_LOAD, what, ooms or tail(log_tail), None, exit_code)
     if timed_out:
-        return Failure(FailureClass.READY_TIMEOUT, "not ready before the deadline", tail(log_tail), None,
-                       exit_code)
-    return Failure(FailureClass.LOAD_EXIT, f"server exited with code {exit_code} before it was ready",
-                   tail(log_tail), None, exit_code)
+        return Failure(FailureClass.READY_TIMEOUT, _with_cause("not ready before the deadline", log_tail),
+                       _evidence(log_tail), None, exit_code)
+    return Failure(FailureClass.LOAD_EXIT,
+                   _with_cause(f"server exited with code {exit_code} before it was ready", log_tail),
+                   _evidence(log_tail), None, exit_code)
 
 
 def tail(text: str, lines: int = 8) -> tuple[str, ...]:

@@ -1,11 +1,20 @@
-"""The verdict: a pure function of the records → per card exactly one of the seed's three worlds.
+"""The verdict: a pure function of the records → per card one of the seed's three worlds, or undecided.
 
 - fits-resident: a `default` flag set serves the target reference count;
-- offload-works: a flag set whose role is an offload role serves it, within the latency ratio;
-- not-built: neither — with the reason per flag set (start failure, OOM at n, broken output, low PSNR, slow).
+- offload-works: a flag set whose role is an offload role serves it, with a latency ratio clearly within
+  the limit (its whole interval at or under `max_latency_ratio`);
+- not-built: neither, and every default and offload flag set was stopped by capacity (OOM at load or in a
+  request) or quality (broken output, low PSNR, clearly too slow);
+- undecided: neither, and some default or offload flag set was stopped by something that says nothing
+  about memory (the server would not start or answer, a crash without OOM text, a latency interval that
+  straddles the limit). The reason names the blocking record and the server's own last error lines.
 
 "Serves n" means every step at n (each fixture and seed) returned an image that passes the sanity checks
 and, where a baseline image exists, reaches the minimum PSNR: broken output does not count as served.
+
+Latency: every timed send of a served step (`wall_samples_s`, repeats × seeds × fixtures) is a sample; a
+cell's wall time is their median with the min–max spread. A latency ratio is median over median, and its
+interval pairs the extremes: [min offload / max reference, max offload / min reference].
 """
 
 from __future__ import annotations
@@ -17,8 +26,9 @@ from enum import StrEnum
 from operator import attrgetter
 from typing import Any
 
+from runner.failures import error_lines
 from runner.matrix import VerdictRules
-from runner.records import SessionRecord, Status, StepRecord
+from runner.records import Failure, FailureClass, SessionRecord, Status, StepRecord
 from runner.units import fmt_bytes
 
 
@@ -47,10 +57,15 @@ class Cell:
     peak_bytes: int | None
     peak_source: str | None
     host_peak_bytes: int | None
-    wall_s: float | None  # mean over served steps
-    psnr_db: float | None  # mean
+    wall_s: float | None  # median over every timed send of the cell's answered steps
+    psnr_db: float | None  # mean; None for the baseline cell itself
     psnr_min_db: float | None
     steps: tuple[str, ...]
+    # Defaults keep verdict.json files of earlier runs readable (runner compare).
+    wall_min_s: float | None = None  # the spread of those sends
+    wall_max_s: float | None = None
+    wall_samples: int = 0  # how many timed sends
+    baseline: bool = False  # the baseline cell: its images are the reference, not scored against themselves
 
 
 @dataclass(frozen=True)
@@ -100,8 +115,10 @@ def summarise(steps: list[StepRecord], rules: VerdictRules) -> list[Cell]:
         peaks = [(b, src) for s in group if s.status != Status.SKIPPED for b, src in [_device_peak(s)]
                  if b is not None]
         host = [p.bytes for s in group if (p := s.peak("host")) and p.bytes is not None]
-        psnrs = [s.scores.psnr_db for s in served if s.scores and s.scores.psnr_db is not None]
-        walls = [s.wall_s for s in served if s.wall_s is not None]
+        is_baseline = bool(served) and all(s.scores and s.scores.baseline == s.key for s in served)
+        psnrs = [] if is_baseline else [s.scores.psnr_db for s in served
+                                        if s.scores and s.scores.psnr_db is not None]
+        walls = [w for s in served for w in (s.wall_samples_s or (s.wall_s,)) if w is not None]
         top = max(peaks, default=(None, None))
         cells.append(Cell(
             flags=flags, role=group[0].role, references=n,
@@ -110,9 +127,11 @@ def summarise(steps: list[StepRecord], rules: VerdictRules) -> list[Cell]:
             why_not=f"{problems[0][0].key}: {problems[0][2]}" if problems else None,
             blocker=problems[0][1] if problems else None,
             peak_bytes=top[0], peak_source=top[1], host_peak_bytes=max(host, default=None),
-            wall_s=round(statistics.fmean(walls), 3) if walls else None,
+            wall_s=round(statistics.median(walls), 3) if walls else None,
             psnr_db=round(statistics.fmean(psnrs), 2) if psnrs else None,
-            psnr_min_db=min(psnrs, default=None), steps=tuple(s.key for s in group)))
+            psnr_min_db=min(psnrs, default=None), steps=tuple(s.key for s in group),
+            wall_min_s=round(min(walls), 3) if walls else None, wall_max_s=round(max(walls), 3) if walls else None,
+            wall_samples=len(walls), baseline=is_baseline))
     return cells
 
 
@@ -151,100 +170,218 @@ def _close(x: int | None, y: int | None) -> bool:
     return x is not None and y is not None and abs(x - y) <= 0.01 * max(x, y)
 
 
+class Stop(StrEnum):
+    """What kept a default or offload flag set from serving the target."""
+
+    CAPACITY = "capacity"  # out of memory at load or in a request (at the target or below it)
+    QUALITY = "quality"  # broken output, low PSNR, clearly too slow
+    UNKNOWN = "unknown"  # anything that says nothing about memory: the card is undecided
+
+
+@dataclass(frozen=True)
+class Blocked:
+    flags: str
+    role: str
+    stop: Stop
+    why: str
+    record: str | None  # the deciding record: a step key, or the session key for a start failure
+    server_says: tuple[str, ...] = ()  # the server's own last error lines, from the failure's evidence
+
+    def text(self) -> str:
+        where = f" [{self.record}]" if self.record else ""
+        says = [line for line in self.server_says if line not in self.why]
+        return self.why + where + (f"; server log: {' / '.join(says)}" if says else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"stop": self.stop.value, "why": self.why, "record": self.record,
+                "server_says": list(self.server_says)}
+
+
+@dataclass(frozen=True)
+class Latency:
+    """An offload flag set's latency over a reference: median ratio and the interval its samples allow."""
+
+    ratio: float
+    low: float
+    high: float
+    reference: str  # what it was compared with, in words
+    reference_wall_s: float
+    samples: tuple[int, int]  # timed sends: offload side, reference side
+
+    def text(self) -> str:
+        return f"latency ratio {self.ratio} [{self.low}–{self.high}] vs {self.reference}"
+
+
+def server_says(failure: Failure) -> tuple[str, ...]:
+    """The server's own last error lines in a failure's evidence; else its last log line."""
+    return error_lines("\n".join(failure.evidence)) or failure.evidence[-1:]
+
+
+def _ratio(off: Cell, ref: Cell | None, base_wall: float | None, what: str) -> Latency | None:
+    """Median over median; the interval pairs the extremes of each side's samples (a single recorded
+    reference wall time has no spread)."""
+    if not off.wall_s:
+        return None
+    if ref is not None and ref.wall_s:
+        r_med, r_lo, r_hi, r_n = ref.wall_s, ref.wall_min_s or ref.wall_s, ref.wall_max_s or ref.wall_s, \
+            max(ref.wall_samples, 1)
+    elif base_wall:
+        r_med = r_lo = r_hi = base_wall
+        r_n = 1
+    else:
+        return None
+    o_lo, o_hi = off.wall_min_s or off.wall_s, off.wall_max_s or off.wall_s
+    return Latency(round(off.wall_s / r_med, 3), round(o_lo / r_hi, 3), round(o_hi / r_lo, 3), what, r_med,
+                   (max(off.wall_samples, 1), r_n))
+
+
+def latency(flags: str, cells: list[Cell], defaults: list[str], target: int,
+            baseline_wall_s: float | None) -> Latency | None:
+    """Offload at n vs default at n for the largest n both serve (the same workload on both sides); else
+    the offload cell at the target vs the baseline's recorded wall time; else unknown."""
+    served = {(c.flags, c.references): c for c in cells if c.served and c.wall_s}
+    common = sorted(((n, d) for (f, n) in served if f == flags for d in defaults if (d, n) in served),
+                    key=lambda x: x[0])
+    if common:
+        n, d = common[-1]
+        return _ratio(served[(flags, n)], served[(d, n)], None,
+                      f"default '{d}' at {n} reference(s), both sides at {n}")
+    if (flags, target) in served and baseline_wall_s:
+        return _ratio(served[(flags, target)], None, baseline_wall_s,
+                      f"the baseline's recorded wall time ({baseline_wall_s:g} s) at {target} reference(s)")
+    return None
+
+
+def blocked(flags: str, role: str, target: int, steps: list[StepRecord], session: SessionRecord | None,
+            rules: VerdictRules) -> Blocked:
+    """Why a flag set does not serve the target, citing the record that decides it (the OOM at 3, not the
+    step at 4 it implied), and whether that is capacity, quality or neither."""
+    if session is not None and (f := session.start_failure) is not None:
+        stop = Stop.CAPACITY if f.kind == FailureClass.OOM_AT_LOAD else Stop.UNKNOWN
+        return Blocked(flags, role, stop, f"server did not start ({f.kind}: {f.message})", session.key,
+                       server_says(f))
+    mine = sorted((s for s in steps if s.flags == flags), key=attrgetter("references", "fixture", "seed"))
+    at = [s for s in mine if s.references == target]
+    if not at:
+        return Blocked(flags, role, Stop.UNKNOWN, f"{target} reference(s) not in the run", None)
+    oom = next((s for s in mine if s.references <= target and s.failure and s.failure.kind == FailureClass.OOM),
+               None)
+    if oom is not None and oom.failure is not None:
+        implied = f" (which implies {target})" if oom.references < target else ""
+        return Blocked(flags, role, Stop.CAPACITY, f"out of memory at {oom.references} reference(s){implied}: "
+                       f"{oom.failure.message}", oom.key, server_says(oom.failure))
+    problems = [(s, *why) for s in at if (why := _usable(s, rules))]
+    quality = next(((s, why) for s, blocker, why in problems if blocker in ("broken", "low-psnr")), None)
+    if quality:
+        return Blocked(flags, role, Stop.QUALITY, quality[1], quality[0].key)
+    if not problems:  # served: callers ask only about flag sets that do not serve the target
+        return Blocked(flags, role, Stop.UNKNOWN, f"serves {target}", None)
+    s, blocker, why = problems[0]
+    if s.failure is not None:
+        return Blocked(flags, role, Stop.UNKNOWN, why, s.key, server_says(s.failure))
+    lost = next((x for x in reversed(mine) if x.lost and x.failure is not None), None)
+    if blocker == "skipped" and lost is not None and lost.failure is not None:
+        return Blocked(flags, role, Stop.UNKNOWN, f"{why}, after {lost.failure.kind}: {lost.failure.message}",
+                       lost.key, server_says(lost.failure))
+    return Blocked(flags, role, Stop.UNKNOWN, why, s.key)
+
+
 def decide(card: str, steps: list[StepRecord], sessions: list[SessionRecord], rules: VerdictRules,
            baseline_wall_s: float | None = None) -> Verdict:
     target = rules.target_references
     cells = summarise(steps, rules)
     at = {c.flags: c for c in cells if c.references == target}
     roles = {s.flags: s.role for s in sessions} | {s.flags: s.role for s in steps}
+    session_of = {s.flags: s for s in sessions}
     notes = [pair.note() for pair in identical_pairs(steps)]
-
-    def ceiling(flags: str) -> int | None:
-        served = [c.references for c in cells if c.flags == flags and c.served]
-        return max(served, default=None)
-
-    def failure_story(flags: str) -> str:
-        session = next((s for s in sessions if s.flags == flags), None)
-        if session and session.start_failure:
-            f = session.start_failure
-            return f"server did not start ({f.kind}: {f.message})"
-        cell = at.get(flags)
-        top = ceiling(flags)
-        served_text = f"serves up to {top} reference(s)" if top is not None else "serves no reference count"
-        if cell is None:
-            return f"{served_text}; {target} reference(s) not in the matrix"
-        return f"{served_text}; at {target}: {cell.why_not or 'served'}"
-
     defaults = [f for f, r in roles.items() if r == "default"]
+
+    def why_not(flags: str) -> Blocked:
+        return blocked(flags, roles[flags], target, steps, session_of.get(flags), rules)
+
     for flags in defaults:
         cell = at.get(flags)
         if cell and cell.served:
             return Verdict(card, World.FITS_RESIDENT, target, flags,
                            f"default flag set '{flags}' serves {target} reference(s): peak "
-                           f"{fmt_bytes(cell.peak_bytes)} ({cell.peak_source}), {cell.wall_s} s/request, "
-                           f"PSNR {cell.psnr_db} dB",
-                           _evidence(cell, None, None), tuple(cells), tuple(notes))
+                           f"{fmt_bytes(cell.peak_bytes)} ({cell.peak_source}), {_wall(cell)}, {_psnr(cell)}",
+                           _evidence(cell, None), tuple(cells), tuple(notes))
 
-    reference = _reference_latency(cells, defaults, target, baseline_wall_s)
-    rejected = []
+    stopped = {f: why_not(f) for f in defaults}
     for flags, role in roles.items():
         if role not in rules.offload_roles:
             continue
         cell = at.get(flags)
         if not (cell and cell.served):
-            rejected.append(f"'{flags}': {failure_story(flags)}")
+            stopped[flags] = why_not(flags)
             continue
-        ratio = None if reference is None or not cell.wall_s else round(cell.wall_s / reference[0], 3)
-        if ratio is not None and ratio > rules.max_latency_ratio:
-            rejected.append(f"'{flags}': serves {target} but latency ratio {ratio} > {rules.max_latency_ratio:g} "
-                            f"(vs {reference[1]})")
+        lat = latency(flags, cells, defaults, target, baseline_wall_s)
+        if lat is not None and lat.low > rules.max_latency_ratio:
+            stopped[flags] = Blocked(flags, role, Stop.QUALITY, f"serves {target} but too slow: {lat.text()}, "
+                                     f"all above {rules.max_latency_ratio:g}", cell.steps[0])
             continue
-        default_cell = next((at[f] for f in defaults if f in at), None)
-        vs = (f"default peak {fmt_bytes(default_cell.peak_bytes)}" if default_cell and default_cell.served
-              else "default does not serve it: " + "; ".join(failure_story(f) for f in defaults)
-              if defaults else "no default flag set in the matrix")
-        latency = (f"latency ratio {ratio} vs {reference[1]}" if ratio is not None
-                   else "latency ratio unknown (no reference latency: default served nothing, no baseline wall time)")
+        if lat is not None and lat.high > rules.max_latency_ratio:
+            stopped[flags] = Blocked(flags, role, Stop.UNKNOWN, f"serves {target}, but {lat.text()} straddles "
+                                     f"{rules.max_latency_ratio:g}: rerun with more repeats", cell.steps[0])
+            continue
+        if lat is not None and min(lat.samples) < 2:
+            notes.append(f"latency of '{flags}' from a single timed send on one side: no spread was measured "
+                         f"(raise [run] repeats or add seeds)")
+        vs = ("; ".join(f"default '{f}' does not serve it: {stopped[f].text()}" for f in defaults)
+              or "no default flag set in the matrix")
+        judged = lat.text() if lat is not None else \
+            "latency not judged (no reference: default served nothing, no baseline wall time)"
         return Verdict(card, World.OFFLOAD_WORKS, target, flags,
                        f"offload flag set '{flags}' serves {target} reference(s): peak {fmt_bytes(cell.peak_bytes)} "
-                       f"({cell.peak_source}), host peak {fmt_bytes(cell.host_peak_bytes)}, {cell.wall_s} s/request, "
-                       f"{latency}, PSNR {cell.psnr_db} dB; {vs}",
-                       _evidence(cell, ratio, reference), tuple(cells), tuple(notes))
+                       f"({cell.peak_source}), host peak {fmt_bytes(cell.host_peak_bytes)}, {_wall(cell)}, "
+                       f"{judged}, {_psnr(cell)}; {vs}",
+                       _evidence(cell, lat), tuple(cells), tuple(notes))
 
-    others = [f"'{f}' [{roles[f]}]: {failure_story(f)}" for f in roles
-              if roles[f] not in rules.offload_roles and roles[f] != "default"]
-    parts = [f"default '{f}': {failure_story(f)}" for f in defaults] or ["no default flag set"]
-    parts += [f"offload {r}" for r in rejected] or ["no offload flag set served it"]
+    others = [f"'{f}' [{roles[f]}]: " + (f"serves {target}" if at.get(f) and at[f].served else why_not(f).text())
+              for f in roles if roles[f] not in rules.offload_roles and roles[f] != "default"]
     served_elsewhere = [f for f in roles if at.get(f) and at[f].served]
     if served_elsewhere:
         notes.append(f"served {target} only under non-offload flag set(s) {', '.join(served_elsewhere)}, "
                      f"which do not count for this verdict")
-    return Verdict(card, World.NOT_BUILT, target, None, "; ".join(parts),
-                   {"flag_sets": {f: failure_story(f) for f in roles}, "others": others}, tuple(cells),
-                   tuple(notes))
+    evidence = {"flag_sets": {f: b.to_json() for f, b in stopped.items()}, "others": others}
+    unknown = [b for b in stopped.values() if b.stop == Stop.UNKNOWN]
+    if unknown:
+        evidence["blocking"] = [{"flags": b.flags, **b.to_json()} for b in unknown]
+        decided = [f"{_label(b)} stopped by {b.stop.value}: {b.text()}" for b in stopped.values()
+                   if b.stop != Stop.UNKNOWN]
+        reason = ("cannot tell — " + "; ".join(f"{_label(b)}: {b.text()}" for b in unknown)
+                  + "".join(f"; {d}" for d in decided))
+        return Verdict(card, World.UNDECIDED, target, None, reason, evidence, tuple(cells), tuple(notes))
+    parts = [f"{_label(b)}: {b.text()}" for b in stopped.values()]
+    if not defaults:
+        parts.insert(0, "no default flag set")
+    if not any(r in rules.offload_roles for r in roles.values()):
+        parts.append("no offload flag set")
+    return Verdict(card, World.NOT_BUILT, target, None, "; ".join(parts), evidence, tuple(cells), tuple(notes))
 
 
-def _reference_latency(cells: list[Cell], defaults: list[str], target: int,
-                       baseline_wall_s: float | None) -> tuple[float, str] | None:
-    """What an offload flag set's latency is compared with: default at the target, else the baseline's
-    recorded wall time, else default at the largest count it served."""
-    for c in cells:
-        if c.flags in defaults and c.references == target and c.served and c.wall_s:
-            return c.wall_s, f"default '{c.flags}' at {target} refs"
-    if baseline_wall_s:
-        return baseline_wall_s, "the baseline's recorded wall time"
-    served = [c for c in cells if c.flags in defaults and c.served and c.wall_s]
-    if served:
-        best = max(served, key=lambda c: c.references)
-        return best.wall_s, f"default '{best.flags}' at {best.references} refs"  # type: ignore[return-value]
-    return None
+def _label(b: Blocked) -> str:
+    return f"default '{b.flags}'" if b.role == "default" else f"offload '{b.flags}'"
 
 
-def _evidence(cell: Cell, ratio: float | None, reference: tuple[float, str] | None) -> dict[str, Any]:
+def _wall(cell: Cell) -> str:
+    spread = (f" [{cell.wall_min_s}–{cell.wall_max_s}]" if cell.wall_samples > 1 else "")
+    return f"{cell.wall_s} s/request{spread} (median of {cell.wall_samples})"
+
+
+def _psnr(cell: Cell) -> str:
+    return "the baseline cell (its images are the reference)" if cell.baseline else f"PSNR {cell.psnr_db} dB"
+
+
+def _evidence(cell: Cell, lat: Latency | None) -> dict[str, Any]:
     return {"steps": list(cell.steps), "peak_bytes": cell.peak_bytes, "peak_source": cell.peak_source,
-            "host_peak_bytes": cell.host_peak_bytes, "wall_s": cell.wall_s, "psnr_db": cell.psnr_db,
-            "psnr_min_db": cell.psnr_min_db, "latency_ratio": ratio,
-            "latency_reference": None if reference is None else {"wall_s": reference[0], "what": reference[1]}}
+            "host_peak_bytes": cell.host_peak_bytes, "wall_s": cell.wall_s,
+            "wall_spread_s": [cell.wall_min_s, cell.wall_max_s], "wall_samples": cell.wall_samples,
+            "psnr_db": cell.psnr_db, "psnr_min_db": cell.psnr_min_db, "baseline": cell.baseline,
+            "latency_ratio": None if lat is None else lat.ratio,
+            "latency_interval": None if lat is None else [lat.low, lat.high],
+            "latency_reference": None if lat is None else {"wall_s": lat.reference_wall_s, "what": lat.reference,
+                                                           "samples": list(lat.samples)}}
 
 
 def decide_all(steps: list[StepRecord], sessions: list[SessionRecord], rules: VerdictRules,

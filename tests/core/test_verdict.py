@@ -16,18 +16,21 @@ BROKEN = Sanity(64, 64, "RGBA", 0.97, 0.5, False, True, ("97% of pixels fully tr
 
 def step(flags: str, role: str, n: int, status: Status = Status.OK, *, wall: float = 1.0, gib: float = 1.0,
          psnr: float | None = 30.0, sanity: Sanity = GOOD, kind: FailureClass | None = None, sha: str = "x",
-         seed: int = 1) -> StepRecord:
-    failure = Failure(kind, "boom") if kind else None
+         seed: int = 1, samples: tuple[float, ...] = (), evidence: tuple[str, ...] = (),
+         lost: bool = False) -> StepRecord:
+    failure = Failure(kind, "boom", evidence) if kind else None
     scores = Scores("b", psnr, 0.9, True, None, sanity) if status == Status.OK else None
     return StepRecord(key=f"c/{flags}/refs-{n}/f-seed-{seed}", card="c", flags=flags, role=role, fixture="f",
                       references=n, seed=seed, status=status, wall_s=wall, failure=failure,
-                      skip_reason="implied" if status == Status.SKIPPED else None,
+                      skip_reason="implied" if status == Status.SKIPPED else None, wall_samples_s=samples,
+                      lost=lost,
                       image_sha256=f"{sha}{flags}{n}{seed}" if status == Status.OK else None,
                       peaks=(Peak("nvml", "device", int(gib * 2**30), 100, 100.0, True),), scores=scores)
 
 
-def session(flags: str, role: str, start_failure: FailureClass | None = None) -> SessionRecord:
-    failure = Failure(start_failure, "died at load") if start_failure else None
+def session(flags: str, role: str, start_failure: FailureClass | None = None,
+            evidence: tuple[str, ...] = ()) -> SessionRecord:
+    failure = Failure(start_failure, "died at load", evidence) if start_failure else None
     start = ServerStart(0, 0.0, None if failure else 1.0, failure)
     return SessionRecord(f"c/{flags}", "c", flags, role, "local", (start,))
 
@@ -45,16 +48,19 @@ def test_offload_works_with_latency_ratio_against_default() -> None:
              step("host", "offload", 1, wall=2.5), step("host", "offload", 2, wall=4.0)]
     v = decide("c", steps, [session("default", "default"), session("host", "offload")], RULES)
     assert v.world == World.OFFLOAD_WORKS and v.flags == "host"
-    assert v.evidence["latency_ratio"] == 2.0  # vs default at its largest served count (1 ref)
-    assert "oom" in v.reason
+    # the same workload on both sides: offload at 1 ref vs default at 1 ref (not offload at 2 vs default at 1)
+    assert v.evidence["latency_ratio"] == 1.25
+    assert v.evidence["latency_reference"]["what"].startswith("default 'default' at 1 reference(s)")
+    assert "out of memory at 2" in v.reason
 
 
 def test_offload_too_slow_is_not_built() -> None:
     steps = [step("default", "default", 1, wall=1.0),
              step("default", "default", 2, Status.FAILED, kind=FailureClass.OOM),
-             step("host", "offload", 2, wall=9.0)]
+             step("host", "offload", 1, wall=9.0), step("host", "offload", 2, wall=9.0)]
     v = decide("c", steps, [session("default", "default"), session("host", "offload")], RULES)
-    assert v.world == World.NOT_BUILT and "latency ratio 9.0 > 2.5" in v.reason
+    assert v.world == World.NOT_BUILT and "too slow: latency ratio 9.0 [9.0–9.0]" in v.reason
+    assert v.evidence["flag_sets"]["host"]["stop"] == "quality"
 
 
 def test_broken_output_does_not_count_as_served() -> None:
@@ -70,11 +76,12 @@ def test_start_failure_is_named() -> None:
     assert v.world == World.NOT_BUILT and "server did not start (oom_at_load" in v.reason
 
 
-def test_one_failed_seed_means_not_served() -> None:
+def test_one_failed_seed_means_not_served_and_a_timeout_proves_nothing() -> None:
     steps = [step("default", "default", 2, seed=1), step("default", "default", 2, Status.FAILED, seed=2,
                                                           kind=FailureClass.TIMEOUT)]
     v = decide("c", steps, [session("default", "default")], RULES)
-    assert v.world == World.NOT_BUILT
+    assert v.world == World.UNDECIDED
+    assert v.evidence["blocking"][0]["record"] == "c/default/refs-2/f-seed-2"
 
 
 def test_quantization_serving_is_noted_but_not_offload() -> None:
@@ -94,3 +101,115 @@ def test_identical_images_found_and_inert_only_when_memory_also_equal() -> None:
     (pair,) = identical_pairs([a, c])
     assert not pair.same_memory and "only memory" in pair.note()
     assert identical_pairs([step("a", "default", 1), step("b", "offload", 1)]) == []
+
+
+# --- undecided: what stopped a flag set must say something about memory or quality ----------------------
+
+IMPORT_TAIL = ("Traceback (most recent call last):", '  File "<string>", line 1, in <module>',
+               "ModuleNotFoundError: No module named 'opentelemetry'")
+
+
+def test_start_failure_without_oom_is_undecided_with_the_servers_own_line() -> None:
+    steps = [step("default", "default", n, Status.SKIPPED) for n in (1, 2)]
+    v = decide("c", steps, [session("default", "default", FailureClass.LOAD_EXIT, IMPORT_TAIL)], RULES)
+    assert v.world == World.UNDECIDED and v.flags is None
+    assert "ModuleNotFoundError: No module named 'opentelemetry'" in v.reason and "[c/default]" in v.reason
+    (block,) = v.evidence["blocking"]
+    assert block["flags"] == "default" and block["stop"] == "unknown" and block["record"] == "c/default"
+    assert block["server_says"] == ["ModuleNotFoundError: No module named 'opentelemetry'"]
+
+
+def test_capacity_and_quality_everywhere_is_not_built_one_crash_makes_it_undecided() -> None:
+    base = [step("default", "default", 1), step("default", "default", 2, Status.FAILED, kind=FailureClass.OOM),
+            step("fp8", "offload", 2, sanity=BROKEN)]
+    sessions = [session("default", "default"), session("fp8", "offload"), session("host", "offload")]
+    crash = step("host", "offload", 2, Status.FAILED, kind=FailureClass.CRASH, lost=True,
+                 evidence=("INFO refserver: request 2 start", "ERROR refserver: fault exit@2: exiting"))
+    v = decide("c", [*base, crash], sessions, RULES)
+    assert v.world == World.UNDECIDED
+    assert "offload 'host': crash: boom [c/host/refs-2/f-seed-1]" in v.reason
+    assert "ERROR refserver: fault exit@2: exiting" in v.reason
+    assert "default 'default' stopped by capacity" in v.reason and "offload 'fp8' stopped by quality" in v.reason
+    oom_instead = step("host", "offload", 2, Status.FAILED, kind=FailureClass.OOM)
+    assert decide("c", [*base, oom_instead], sessions, RULES).world == World.NOT_BUILT
+
+
+def test_skip_after_the_restart_limit_cites_the_lost_step() -> None:
+    steps = [step("default", "default", 1, Status.FAILED, kind=FailureClass.TIMEOUT, lost=True,
+                  evidence=("INFO refserver: request 1 start",)),
+             step("default", "default", 2, Status.SKIPPED)]
+    v = decide("c", steps, [session("default", "default")], RULES)
+    assert v.world == World.UNDECIDED
+    assert v.evidence["blocking"][0]["record"] == "c/default/refs-1/f-seed-1"
+    assert "after timeout: boom" in v.reason
+
+
+def test_a_default_that_fits_wins_over_an_undecided_offload() -> None:
+    steps = [step("default", "default", 2), step("host", "offload", 2, Status.FAILED, kind=FailureClass.CRASH)]
+    v = decide("c", steps, [session("default", "default"), session("host", "offload")], RULES)
+    assert v.world == World.FITS_RESIDENT
+
+
+def test_evidence_cites_the_oom_not_the_skip_it_implied() -> None:
+    rules = replace(RULES, target_references=4)
+    steps = [step("default", "default", 2), step("default", "default", 3, Status.FAILED, kind=FailureClass.OOM,
+                                                   evidence=("torch.OutOfMemoryError: CUDA out of memory",)),
+             step("default", "default", 4, Status.SKIPPED)]
+    v = decide("c", steps, [session("default", "default")], rules)
+    assert v.world == World.NOT_BUILT
+    assert v.evidence["flag_sets"]["default"]["record"] == "c/default/refs-3/f-seed-1"
+    assert "out of memory at 3 reference(s) (which implies 4)" in v.reason
+    assert v.evidence["flag_sets"]["default"]["server_says"] == ["torch.OutOfMemoryError: CUDA out of memory"]
+
+
+def test_baseline_cell_is_labelled_not_scored_against_itself() -> None:
+    s = step("default", "default", 2)
+    s = replace(s, scores=replace(s.scores, baseline=s.key, psnr_db=100.0))
+    v = decide("c", [s], [session("default", "default")], RULES)
+    (cell,) = v.cells
+    assert cell.baseline and cell.psnr_db is None
+    assert "100" not in v.reason and "the baseline cell" in v.reason
+
+
+# --- latency with its noise --------------------------------------------------------------------------
+
+def _latency_case(offload_walls: tuple[float, ...], default_walls: tuple[float, ...] = (1.0, 1.1, 0.9)) -> list:
+    """default serves 1 ref and OOMs at 2; the offload serves both; two seeds, timed repeats per step."""
+    half = len(default_walls) // 2 or 1
+    return [step("default", "default", 1, seed=1, wall=default_walls[0], samples=default_walls[:half]),
+            step("default", "default", 1, seed=2, wall=default_walls[half], samples=default_walls[half:]),
+            step("default", "default", 2, Status.FAILED, kind=FailureClass.OOM),
+            *(step("host", "offload", n, seed=sd, wall=ws[0], samples=ws) for n in (1, 2)
+              for sd, ws in ((1, offload_walls[:2]), (2, offload_walls[2:])))]
+
+
+SESSIONS = [session("default", "default"), session("host", "offload")]
+
+
+def test_ratio_interval_clearly_under_is_offload_works() -> None:
+    v = decide("c", _latency_case((1.5, 1.6, 1.4, 1.7)), SESSIONS, RULES)
+    assert v.world == World.OFFLOAD_WORKS
+    lo, hi = v.evidence["latency_interval"]
+    assert lo == round(1.4 / 1.1, 3) and hi == round(1.7 / 0.9, 3) and hi <= RULES.max_latency_ratio
+    assert v.evidence["latency_reference"]["samples"] == [4, 3]
+    assert v.evidence["wall_spread_s"] == [1.4, 1.7] and v.evidence["wall_samples"] == 4
+
+
+def test_ratio_interval_straddling_the_limit_is_undecided() -> None:
+    v = decide("c", _latency_case((1.5, 2.9, 2.0, 2.4)), SESSIONS, RULES)  # 1.5/1.1 .. 2.9/0.9 vs 2.5
+    assert v.world == World.UNDECIDED
+    assert "straddles 2.5: rerun with more repeats" in v.reason
+
+
+def test_ratio_interval_clearly_over_rejects_that_flag_set() -> None:
+    v = decide("c", _latency_case((3.0, 3.3, 3.1, 3.2)), SESSIONS, RULES)  # 3.0/1.1 = 2.73 > 2.5
+    assert v.world == World.NOT_BUILT
+    assert v.evidence["flag_sets"]["host"]["stop"] == "quality" and "too slow" in v.reason
+
+
+def test_without_a_common_count_the_baseline_wall_time_is_the_reference() -> None:
+    steps = [step("default", "default", 1, Status.FAILED, kind=FailureClass.OOM),
+             step("host", "offload", 2, wall=20.0, samples=(20.0, 22.0))]
+    v = decide("c", steps, SESSIONS, RULES, baseline_wall_s=10.0)
+    assert v.world == World.OFFLOAD_WORKS and v.evidence["latency_interval"] == [2.0, 2.2]
+    assert "the baseline's recorded wall time (10 s) at 2" in v.evidence["latency_reference"]["what"]

@@ -1,0 +1,38 @@
+"""The server's own last error lines, found in a log excerpt, carried in a failure's message and evidence."""
+
+from __future__ import annotations
+
+from runner.failures import classify_request, classify_start, error_lines
+from runner.records import FailureClass
+
+TRACEBACK = """\
+INFO starting
+Traceback (most recent call last):
+  File "<string>", line 1, in <module>
+    import opentelemetry
+ModuleNotFoundError: No module named 'opentelemetry'
+"""
+
+
+def test_error_lines_prefer_the_oom_and_the_traceback_over_error_level_lines() -> None:
+    assert error_lines(TRACEBACK) == ("ModuleNotFoundError: No module named 'opentelemetry'",)
+    oom = ("ERROR 11-30 12:00:01 [worker.py:88] generation failed\n"
+           "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+    assert error_lines(oom) == ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",)
+    logged = "2026 INFO refserver: request 2 start\n2026 ERROR refserver: fault exit@2: exiting with code 1\n"
+    assert error_lines(logged) == ("2026 ERROR refserver: fault exit@2: exiting with code 1",)
+    assert error_lines("INFO all good\nINFO still good\n") == ()
+    assert error_lines("  ValueError: indented, inside a traceback's source excerpt\n") == ()
+
+
+def test_start_and_request_failures_carry_the_servers_line() -> None:
+    f = classify_start(exit_code=1, oom_killed=False, timed_out=False, log_tail=TRACEBACK)
+    assert f.kind == FailureClass.LOAD_EXIT
+    assert f.message.endswith(": ModuleNotFoundError: No module named 'opentelemetry'")
+    assert f.evidence[0] == "ModuleNotFoundError: No module named 'opentelemetry'"
+    assert f.evidence.count(f.evidence[0]) == 1  # first, and not repeated in the tail after it
+    quiet = classify_start(exit_code=None, oom_killed=False, timed_out=True, log_tail="INFO loading\n")
+    assert quiet.kind == FailureClass.READY_TIMEOUT and quiet.message == "not ready before the deadline"
+    crash = classify_request(http_status=None, body="", log_window="INFO x\nERROR refserver: fault exit@2\n",
+                             timed_out=False, server_exit=1, parse_problem=None)
+    assert crash.kind == FailureClass.CRASH and crash.message.endswith(": ERROR refserver: fault exit@2")
