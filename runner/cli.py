@@ -66,7 +66,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from runner.compare import load_summary, render
 
-    text = render(load_summary(Path(args.before)), load_summary(Path(args.after)))
+    text = render(load_summary(Path(args.before)), load_summary(Path(args.after)), show_all=args.all)
     if args.out:
         Path(args.out).write_text(text)
     print(text, end="")
@@ -99,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("before", metavar="RUN_A")
     compare.add_argument("after", metavar="RUN_B")
     compare.add_argument("--out", help="also write the markdown to this file")
+    compare.add_argument("--all", action="store_true", help="list every cell, not only changes beyond noise")
     compare.set_defaults(func=cmd_compare)
     sub.add_parser("refserver", help="the reference diffusion server (see `runner refserver --help`)",
                    add_help=False)

@@ -1,6 +1,11 @@
 """Compare two runs (a new server commit, driver or flag against the last one): verdict changes and, per
 card × flag set × reference count, what moved — served or not, peak memory, latency, PSNR. Pure over the
-runs' verdict.json files; `runner compare RUN_A RUN_B` prints it."""
+runs' verdict.json files; `runner compare RUN_A RUN_B` prints it.
+
+Noise is told from change: a wall time moved only when the two runs' min–max spreads do not overlap (each
+measured over ≥ 2 timed sends; with one send the spread is unknown and no change is claimed); a peak moved
+by more than PEAK_NOISE (meters sample, they are not exact); PSNR by more than PSNR_NOISE_DB. A served/not
+served or blocker change is always a change. Only changes are listed unless every cell is asked for."""
 
 from __future__ import annotations
 
@@ -14,6 +19,8 @@ from runner.units import fmt_bytes
 from runner.verdict import Cell, World
 
 Key = tuple[str, str, int]  # card, flag set, reference count
+PEAK_NOISE = 0.02  # relative
+PSNR_NOISE_DB = 0.5
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,37 @@ class CellChange:
     @property
     def served_changed(self) -> bool:
         return bool(self.before and self.before.served) != bool(self.after and self.after.served)
+
+    def what_changed(self) -> tuple[str, ...]:
+        """The measures that moved beyond their noise: "cell", "served", "blocker", "wall", "peak", "psnr"."""
+        x, y = self.before, self.after
+        if x is None or y is None:
+            return ("cell",)
+        out = []
+        if self.served_changed:
+            out.append("served")
+        if x.blocker != y.blocker:
+            out.append("blocker")
+        if wall_moved(x, y):
+            out.append("wall")
+        if x.peak_bytes and y.peak_bytes and abs(y.peak_bytes - x.peak_bytes) > PEAK_NOISE * max(x.peak_bytes,
+                                                                                                   y.peak_bytes):
+            out.append("peak")
+        if x.psnr_db is not None and y.psnr_db is not None and abs(y.psnr_db - x.psnr_db) > PSNR_NOISE_DB:
+            out.append("psnr")
+        return tuple(out)
+
+
+def _spread(c: Cell) -> tuple[float, float] | None:
+    if c.wall_samples < 2 or c.wall_min_s is None or c.wall_max_s is None:
+        return None
+    return c.wall_min_s, c.wall_max_s
+
+
+def wall_moved(x: Cell, y: Cell) -> bool:
+    """True when the two cells' wall-time spreads are both measured and do not overlap."""
+    a, b = _spread(x), _spread(y)
+    return a is not None and b is not None and (a[1] < b[0] or b[1] < a[0])
 
 
 def load_summary(run_dir: Path) -> RunSummary:
@@ -68,21 +106,36 @@ def _state(cell: Cell | None) -> str:
     return "not served"
 
 
-def render(a: RunSummary, b: RunSummary) -> str:
+def _wall(c: Cell | None) -> str:
+    if c is None or c.wall_s is None:
+        return "–"
+    spread = _spread(c)
+    return f"{c.wall_s:g} [{spread[0]:g}–{spread[1]:g}]" if spread else f"{c.wall_s:g} (1 send)"
+
+
+def render(a: RunSummary, b: RunSummary, *, show_all: bool = False) -> str:
     lines = [f"# {a.run_id} → {b.run_id}", "", "| card | verdict before | verdict after |", "|---|---|---|"]
     for card in sorted(a.worlds.keys() | b.worlds.keys()):
         before, after = a.worlds.get(card), b.worlds.get(card)
         mark = "" if before == after else " ⚠️ changed"
         lines.append(f"| {card} | {before or '–'} | {after or '–'}{mark} |")
-    lines += ["", "| card | flag set | refs | before | after | Δ peak | Δ wall s | Δ PSNR dB |",
-              "|---|---|---|---|---|---|---|---|"]
-    for ch in changes(a, b):
+    every = changes(a, b)
+    moved = [ch for ch in every if ch.what_changed()]
+    lines += ["", f"{len(moved)} of {len(every)} cell(s) changed beyond noise"
+              + ("" if show_all else f"; {len(every) - len(moved)} within noise not listed (--all lists them)")
+              + ". Wall: median [min–max] s over timed sends; a change needs spreads that do not overlap."]
+    shown = every if show_all else moved
+    if not shown:
+        return "\n".join([*lines, "", "No changed cells."]) + "\n"
+    lines += ["", "| card | flag set | refs | before | after | changed | Δ peak | wall s before → after | Δ wall s "
+                  "| Δ PSNR dB |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for ch in shown:
         x, y = ch.before, ch.after
         peak = "–" if not (x and y) or x.peak_bytes is None or y.peak_bytes is None else (
             ("+" if y.peak_bytes >= x.peak_bytes else "-") + fmt_bytes(abs(y.peak_bytes - x.peak_bytes)))
         lines.append(
             f"| {ch.key[0]} | {ch.key[1]} | {ch.key[2]} | {_state(x)} | {_state(y)}"
-            f"{' ⚠️' if ch.served_changed else ''} | {peak} | "
-            f"{_delta(x.wall_s if x else None, y.wall_s if y else None, '+.3f')} | "
+            f"{' ⚠️' if ch.served_changed else ''} | {', '.join(ch.what_changed()) or 'noise'} | {peak} | "
+            f"{_wall(x)} → {_wall(y)} | {_delta(x.wall_s if x else None, y.wall_s if y else None, '+.3f')} | "
             f"{_delta(x.psnr_db if x else None, y.psnr_db if y else None, '+.2f', relative=False)} |")
     return "\n".join(lines) + "\n"

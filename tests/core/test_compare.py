@@ -9,6 +9,7 @@ from pathlib import Path
 
 from test_verdict import RULES, session, step
 
+from runner.compare import load_summary, render
 from runner.records import FailureClass, Status
 from runner.verdict import decide
 
@@ -33,8 +34,35 @@ def test_compare_names_verdict_and_cell_changes(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "| c | not-built | fits-resident ⚠️ changed |" in proc.stdout
     assert "| c | default | 2 | not served | served ⚠️ |" in proc.stdout
-    assert "| c | default | 1 | served | served | -1.00 GiB | -0.500 (-50%) | +0.00 |" in proc.stdout
+    # the peak moved beyond meter noise; the wall time is one send per run (no spread): no change claimed
+    assert "| c | default | 1 | served | served | peak | -1.00 GiB | 1 (1 send) → 0.5 (1 send) | -0.500 (-50%) | " \
+        in proc.stdout
     assert out.read_text() == proc.stdout
+
+
+def _two_seeds(walls: tuple[float, float, float, float]) -> list:
+    return [step("default", "default", 1, seed=1, wall=walls[0], samples=walls[:2]),
+            step("default", "default", 1, seed=2, wall=walls[2], samples=walls[2:])]
+
+
+def test_identical_runs_report_no_changed_cells(tmp_path: Path) -> None:
+    sessions = [session("default", "default")]
+    a = write_run(tmp_path / "a", "run-a", _two_seeds((1.0, 1.2, 0.9, 1.1)), sessions)
+    b = write_run(tmp_path / "b", "run-b", _two_seeds((1.0, 1.2, 0.9, 1.1)), sessions)
+    text = render(load_summary(a), load_summary(b))
+    assert "0 of 1 cell(s) changed beyond noise" in text and "No changed cells." in text
+
+
+def test_wall_changes_within_the_spread_are_noise_beyond_it_are_changes(tmp_path: Path) -> None:
+    sessions = [session("default", "default")]
+    a = load_summary(write_run(tmp_path / "a", "run-a", _two_seeds((1.0, 1.2, 0.9, 1.1)), sessions))
+    noisy = load_summary(write_run(tmp_path / "b", "run-b", _two_seeds((1.15, 1.4, 1.3, 1.25)), sessions))
+    slower = load_summary(write_run(tmp_path / "c", "run-c", _two_seeds((1.5, 1.7, 1.6, 1.55)), sessions))
+    assert "No changed cells." in render(a, noisy)  # medians 1.05 → 1.275, but the spreads overlap
+    assert "| c | default | 1 | served | served | noise |" in render(a, noisy, show_all=True)
+    text = render(a, slower)
+    assert "1 of 1 cell(s) changed beyond noise" in text
+    assert "| wall | +0.00 MiB | 1.05 [0.9–1.2] → 1.575 [1.5–1.7] | +0.525 (+50%) |" in text
 
 
 def test_compare_without_verdict_is_one_line_error(tmp_path: Path) -> None:
