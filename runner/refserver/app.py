@@ -80,6 +80,8 @@ class Service:
                      req.width, req.height, req.steps, req.seed, req.true_cfg_scale, req.num_outputs,
                      self.config.cond_cache, queue_s, ",".join(sorted(faults)) or "-")
             _flush_logs()
+            if (delay := self.config.faults.delay_s(n)) > 0:  # fault jitter: a controlled latency
+                time.sleep(delay)
             try:
                 result = self.engine.generate(req, self._step_hook(n, faults))
             except Exception as exc:

@@ -43,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, help="torch threads (default 1 on cpu)")
     ap.add_argument("--seed-weights", type=int, default=0, help="seed of the random weights (default 0)")
     ap.add_argument("--fault", action="append", default=[], metavar="KIND[@N]",
-                    help="inject a fault (repeatable): load-fail, slow-load=SECONDS, exit@N, hang@N, "
-                         "malformed-json[@N], no-image[@N], wrong-size[@N], transparent[@N], grey[@N]")
+                    help="inject a fault (repeatable): load-fail, slow-load=SECONDS, jitter=MIN:MAX[:SEED], "
+                         "exit@N, hang@N, malformed-json[@N], no-image[@N], wrong-size[@N], transparent[@N], grey[@N]")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return ap
 

@@ -2,15 +2,18 @@
 
 N is the 1-based number of the generation request (chat or images, counted on arrival) the fault applies
 to; without @N it applies to every request. Two faults act at load instead: `load-fail` and
-`slow-load=SECONDS` (also spelled `slow-load@SECONDS`).
+`slow-load=SECONDS` (also spelled `slow-load@SECONDS`). `jitter=MIN:MAX[:SEED]` adds to every request a
+sleep drawn uniformly from [MIN, MAX] seconds by a generator seeded with SEED and the request number: a
+latency distribution the runner's noise handling can be tested against, the same on every server start.
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 
 REQUEST_FAULTS = ("exit", "hang", "malformed-json", "no-image", "wrong-size", "transparent", "grey")
-LOAD_FAULTS = ("load-fail", "slow-load")
+LOAD_FAULTS = ("load-fail", "slow-load", "jitter")
 # Faults that make no sense "on every request" must name their request.
 NEEDS_N = ("exit", "hang")
 
@@ -26,6 +29,7 @@ class FaultPlan:
     faults: tuple[Fault, ...] = ()
     load_fail: bool = False
     slow_load_s: float = 0.0
+    jitter: tuple[float, float, int] | None = None  # (min s, max s, seed)
     specs: tuple[str, ...] = field(default=(), compare=False)
 
     @classmethod
@@ -33,6 +37,7 @@ class FaultPlan:
         faults: list[Fault] = []
         load_fail = False
         slow_load = 0.0
+        jitter = None
         for spec in specs or []:
             kind, sep, arg = spec.strip().replace("=", "@", 1).partition("@")
             if kind == "load-fail":
@@ -42,6 +47,8 @@ class FaultPlan:
                     slow_load = float(arg)
                 except ValueError:
                     raise ValueError(f"--fault {spec}: slow-load needs seconds, e.g. slow-load=5") from None
+            elif kind == "jitter":
+                jitter = _jitter(spec, arg)
             elif kind in REQUEST_FAULTS:
                 n: int | None = None
                 if sep:
@@ -54,8 +61,28 @@ class FaultPlan:
             else:
                 known = ", ".join(LOAD_FAULTS + REQUEST_FAULTS)
                 raise ValueError(f"--fault {spec}: unknown kind {kind!r} (known: {known})")
-        return cls(tuple(faults), load_fail, slow_load, tuple(specs or ()))
+        return cls(tuple(faults), load_fail, slow_load, jitter, tuple(specs or ()))
 
     def for_request(self, n: int) -> frozenset[str]:
         """Kinds that apply to request number n."""
         return frozenset(f.kind for f in self.faults if f.request is None or f.request == n)
+
+    def delay_s(self, n: int) -> float:
+        """The jitter sleep of request number n (0 without jitter)."""
+        if self.jitter is None:
+            return 0.0
+        low, high, seed = self.jitter
+        return random.Random(seed * 1_000_003 + n).uniform(low, high)
+
+
+def _jitter(spec: str, arg: str) -> tuple[float, float, int]:
+    parts = arg.split(":")
+    try:
+        low, high = float(parts[0]), float(parts[1])
+        seed = int(parts[2]) if len(parts) > 2 else 0
+    except (ValueError, IndexError):
+        raise ValueError(f"--fault {spec}: jitter needs MIN:MAX seconds (and optionally :SEED), "
+                         f"e.g. jitter=0.5:1.5") from None
+    if len(parts) > 3 or not 0 <= low <= high:
+        raise ValueError(f"--fault {spec}: jitter needs 0 <= MIN <= MAX, e.g. jitter=0.5:1.5")
+    return low, high, seed

@@ -109,6 +109,19 @@ def test_fault_plan_parsing() -> None:
             FaultPlan.parse([bad])
 
 
+def test_jitter_is_a_seeded_uniform_sleep_per_request() -> None:
+    plan = FaultPlan.parse(["jitter=0.2:0.4:7"])
+    delays = [plan.delay_s(n) for n in range(1, 41)]
+    assert all(0.2 <= d <= 0.4 for d in delays) and len(set(delays)) == 40
+    assert min(delays) < 0.25 and max(delays) > 0.35  # spread over the range, not stuck at one end
+    assert delays == [FaultPlan.parse(["jitter=0.2:0.4:7"]).delay_s(n) for n in range(1, 41)]  # every start
+    assert delays != [FaultPlan.parse(["jitter=0.2:0.4:8"]).delay_s(n) for n in range(1, 41)]
+    assert FaultPlan.parse(["jitter=1:1"]).delay_s(3) == 1.0 and FaultPlan.parse([]).delay_s(1) == 0.0
+    for bad in ["jitter", "jitter=1", "jitter=2:1", "jitter=-1:1", "jitter=a:b", "jitter=0:1:x", "jitter=0:1:2:3"]:
+        with pytest.raises(ValueError, match="jitter"):
+            FaultPlan.parse([bad])
+
+
 def test_unused_helpers_roundtrip() -> None:
     # the transparent fault's PNG must survive a decode/encode round trip with its alpha
     img = Image.new("RGBA", (4, 4), (1, 2, 3, 0))
