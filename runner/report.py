@@ -29,6 +29,16 @@ TERMS = [
 ]
 
 
+def _story(b: dict[str, Any] | str) -> str:
+    """A flag set's stop from verdict.json: what stopped it, the deciding record, the server's own line."""
+    if isinstance(b, str):  # verdict.json of earlier runs
+        return b
+    says = "".join(f" — server: `{clip(line, 200)}`" for line in b.get("server_says", ()))
+    stop = {"capacity": "stopped by capacity", "quality": "stopped by quality"}.get(
+        b["stop"], "blocked by something that says nothing about memory")
+    return f"**{stop}** — {b['why']}" + (f" (`{b['record']}`)" if b.get("record") else "") + says
+
+
 def _ssim(steps: Sequence[StepRecord]) -> dict[tuple[str, int], float]:
     vals: dict[tuple[str, int], list[float]] = {}
     for s in steps:
@@ -46,7 +56,9 @@ def _cell_text(cell: Cell | None, ssim: float | None) -> str:
         return "·"
     quality = _psnr(cell.psnr_db) + (f", SSIM {ssim:.3f}" if ssim is not None else "")
     if cell.served:
-        return f"✅ {fmt_bytes(cell.peak_bytes)}, {fmt_s(cell.wall_s)} s{quality}"
+        spread = (f" [{fmt_s(cell.wall_min_s)}–{fmt_s(cell.wall_max_s)}]" if cell.wall_samples > 1 else "")
+        return (f"✅ {fmt_bytes(cell.peak_bytes)}, {fmt_s(cell.wall_s)} s{spread}"
+                + (", baseline" if cell.baseline else quality))
     why = (cell.why_not or "").split(": ", 1)[-1]
     if cell.blocker == "skipped":
         return "⏭ " + clip(why.removeprefix("skipped: "), 80)
@@ -219,7 +231,7 @@ def _card_section(store: RunStore, v: Verdict, cards: dict[str, Any], sessions: 
     if v.world in (World.NOT_BUILT, World.UNDECIDED) and v.evidence.get("flag_sets"):
         lines += [f"Every flag set at {v.target_references} reference(s):", ""]
         stories = v.evidence["flag_sets"]
-        lines += [f"- `{f}` [{roles.get(f, '?')}]: {stories[f]}" for f in dict.fromkeys([*order, *stories])
+        lines += [f"- `{f}` [{roles.get(f, '?')}]: {_story(stories[f])}" for f in dict.fromkeys([*order, *stories])
                   if f in stories]
         lines.append("")
     pairs = identical_pairs(card_steps)
@@ -229,8 +241,9 @@ def _card_section(store: RunStore, v: Verdict, cards: dict[str, Any], sessions: 
     refs = sorted({c.references for c in v.cells})
     by = {(c.flags, c.references): c for c in v.cells}
     ssim = _ssim(card_steps)
-    lines += ["", f"Capacity {fmt_bytes(capacity)}. Cells: highest request peak (device), mean seconds per "
-                  "request, mean PSNR and SSIM vs the baseline (100 dB / 1.000: identical).", "",
+    lines += ["", f"Capacity {fmt_bytes(capacity)}. Cells: highest request peak (device), median seconds per "
+                  "request [min–max over every timed send: repeats × seeds], mean PSNR and SSIM vs the baseline "
+                  "(100 dB / 1.000: identical; \"baseline\": the baseline cell itself).", "",
               "| flag set | role | " + " | ".join(f"{n} ref" for n in refs) + " |",
               "|---|---|" + "---|" * len(refs)]
     for f in order:
