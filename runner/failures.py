@@ -22,6 +22,14 @@ EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Fa
 ERROR_LEVEL = re.compile(r"\b(ERROR|CRITICAL|FATAL)\b")
 
 
+# A leading log timestamp (`2026-11-30 02:53:37,691 `, `[2026-11-30T02:53:37.691Z] `): noise in a one-line reason.
+LOG_STAMP = re.compile(r"^\[?\d{4}-\d\d-\d\d[ T][\d:.,]+Z?\]?\s*")
+
+
+def without_stamp(line: str) -> str:
+    return LOG_STAMP.sub("", line)
+
+
 def oom_lines(text: str, limit: int = 3) -> tuple[str, ...]:
     return tuple(line.strip()[:400] for line in text.splitlines() if OOM_PATTERN.search(line))[:limit]
 
@@ -45,7 +53,7 @@ def _evidence(text: str) -> tuple[str, ...]:
 def _with_cause(message: str, text: str) -> str:
     """A message with the server's own last error line appended, when there is one."""
     found = error_lines(text)
-    return f"{message}: {found[0]}" if found else message
+    return f"{message}: {without_stamp(found[0])}" if found else message
 
 
 def classify_request(*, http_status: int | None, body: str, log_window: str, timed_out: bool,

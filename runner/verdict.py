@@ -26,7 +26,7 @@ from enum import StrEnum
 from operator import attrgetter
 from typing import Any
 
-from runner.failures import error_lines
+from runner.failures import error_lines, without_stamp
 from runner.matrix import VerdictRules
 from runner.records import Failure, FailureClass, SessionRecord, Status, StepRecord
 from runner.units import fmt_bytes
@@ -189,7 +189,7 @@ class Blocked:
 
     def text(self) -> str:
         where = f" [{self.record}]" if self.record else ""
-        says = [line for line in self.server_says if line not in self.why]
+        says = [_short(line) for line in self.server_says if line not in self.why]
         return self.why + where + (f"; server log: {' / '.join(says)}" if says else "")
 
     def to_json(self) -> dict[str, Any]:
@@ -360,6 +360,13 @@ def decide(card: str, steps: list[StepRecord], sessions: list[SessionRecord], ru
     return Verdict(card, World.NOT_BUILT, target, None, "; ".join(parts), evidence, tuple(cells), tuple(notes))
 
 
+def _short(line: str) -> str:
+    """A log line for a one-line reason: without its leading timestamp, at most 200 characters (the
+    evidence keeps it whole)."""
+    line = without_stamp(line)
+    return line if len(line) <= 200 else line[:199] + "…"
+
+
 def _label(b: Blocked) -> str:
     return f"default '{b.flags}'" if b.role == "default" else f"offload '{b.flags}'"
 
@@ -370,7 +377,9 @@ def _wall(cell: Cell) -> str:
 
 
 def _psnr(cell: Cell) -> str:
-    return "the baseline cell (its images are the reference)" if cell.baseline else f"PSNR {cell.psnr_db} dB"
+    if cell.baseline:
+        return "the baseline cell (its images are the reference)"
+    return f"PSNR {cell.psnr_db} dB" if cell.psnr_db is not None else "no PSNR (no baseline image)"
 
 
 def _evidence(cell: Cell, lat: Latency | None) -> dict[str, Any]:

@@ -36,3 +36,11 @@ def test_start_and_request_failures_carry_the_servers_line() -> None:
     crash = classify_request(http_status=None, body="", log_window="INFO x\nERROR refserver: fault exit@2\n",
                              timed_out=False, server_exit=1, parse_problem=None)
     assert crash.kind == FailureClass.CRASH and crash.message.endswith(": ERROR refserver: fault exit@2")
+
+
+def test_a_leading_log_timestamp_is_left_out_of_the_message() -> None:
+    log = "2026-11-30 02:52:29,185 ERROR refserver: fault exit@3: exiting\n"
+    crash = classify_request(http_status=None, body="", log_window=log, timed_out=False, server_exit=1,
+                             parse_problem=None)
+    assert crash.message == "server exited with code 1 during the request: ERROR refserver: fault exit@3: exiting"
+    assert crash.evidence[0] == log.strip()  # the evidence keeps the line whole

@@ -75,3 +75,77 @@ def test_broken_harness_cards_are_undecided_with_the_servers_own_error_lines(tmp
     assert "fault exit@3: exiting with code 1 in the middle of the request" in v["reason"]
     assert "crashes | **undecided**" in report and "fault exit@3" in report
     no_server_left(run_dir)
+
+
+def _straddling_seed() -> int:
+    """A jitter seed whose two timed sends at 2 references (requests 4 and 5: refs-1 seed 1, its determinism
+    repeat, refs-1 seed 2, then refs-2 seeds 1 and 2) fall on both sides of twice the default's latency."""
+    from runner.refserver.faults import FaultPlan
+
+    for seed in range(1000):
+        plan = FaultPlan.parse([f"jitter=0.5:4:{seed}"])
+        low, high = sorted((plan.delay_s(4), plan.delay_s(5)))
+        if low < 1.0 and high > 3.5:
+            return seed
+    raise AssertionError("no seed found")
+
+
+def test_latency_interval_under_straddling_and_over_the_limit(tmp_path: Path) -> None:
+    # Default sleeps a fixed 1 s per request and runs out of memory at 3 references; each card's offload
+    # flag set (the cache in host memory, serving 3) sleeps a seeded draw. Compute is ~0.2 s here, so the
+    # sleeps dominate: offload/default at 2 references is ~1.1 (under 2), 0.5..4 (straddles), ~4 (over).
+    seed = _straddling_seed()
+    path = matrix(tmp_path, f"""
+        [cards.under]
+        server = "ref"
+        vram_mib = 7.75
+
+        [cards.straddles]
+        server = "ref"
+        vram_mib = 7.75
+
+        [cards.over]
+        server = "ref"
+        vram_mib = 7.75
+
+        [flags.default]
+        role = "default"
+        args = ["--fault", "jitter=1:1"]
+
+        [flags.host-under]
+        role = "offload"
+        args = ["--cond-cache", "host", "--fault", "jitter=1:1.2"]
+
+        [flags.host-straddles]
+        role = "offload"
+        args = ["--cond-cache", "host", "--fault", "jitter=0.5:4:{seed}"]
+
+        [flags.host-over]
+        role = "offload"
+        args = ["--cond-cache", "host", "--fault", "jitter=4.5:4.6"]
+
+        [matrix]
+        references = [1, 2, 3]
+        exclude = [{{card = "under", flags = "host-straddles"}}, {{card = "under", flags = "host-over"}},
+                   {{card = "straddles", flags = "host-under"}}, {{card = "straddles", flags = "host-over"}},
+                   {{card = "over", flags = "host-under"}}, {{card = "over", flags = "host-straddles"}}]
+
+        [verdict]
+        max_latency_ratio = 2
+        """, seeds="[1, 2]")
+    proc, run_dir = run(path)
+    assert proc.returncode == 1, proc.stderr[-2000:]  # the straddling card is undecided
+    verdicts = {v["card"]: v for v in json.loads((run_dir / "verdict.json").read_text())["verdicts"]}
+    for card in ("under", "straddles", "over"):
+        assert step(run_dir, f"{card}/default/refs-3/shapes-seed-1")["failure"]["kind"] == "oom"
+    under = verdicts["under"]
+    assert under["world"] == "offload-works" and under["flags"] == "host-under", under["reason"]
+    assert under["evidence"]["latency_interval"][1] <= 2
+    assert under["evidence"]["latency_reference"]["what"].startswith("default 'default' at 2 reference(s)")
+    straddles = verdicts["straddles"]
+    assert straddles["world"] == "undecided", straddles["reason"]
+    assert "straddles 2: rerun with more repeats" in straddles["reason"]
+    over = verdicts["over"]
+    assert over["world"] == "not-built", over["reason"]
+    assert over["evidence"]["flag_sets"]["host-over"]["stop"] == "quality" and "too slow" in over["reason"]
+    print({c: v["reason"] for c, v in verdicts.items()})
