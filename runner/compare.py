@@ -2,8 +2,9 @@
 card × flag set × reference count, what moved — served or not, peak memory, latency, PSNR. Pure over the
 runs' verdict.json files; `runner compare RUN_A RUN_B` prints it.
 
-Noise is told from change: a wall time moved only when the two runs' min–max spreads do not overlap (each
-measured over ≥ 2 timed sends; with one send the spread is unknown and no change is claimed); a peak moved
+Noise is told from change: a wall time moved only when the 95% bootstrap interval of after/before medians
+(runner.verdict.ratio_interval, each run ≥ 2 timed sends; with one send the spread is unknown and no change
+is claimed) excludes 1; a peak moved
 by more than PEAK_NOISE (meters sample, they are not exact); PSNR by more than PSNR_NOISE_DB. A served/not
 served or blocker change is always a change. Only changes are listed unless every cell is asked for."""
 
@@ -16,7 +17,7 @@ from typing import Any
 
 from runner.errors import UserError
 from runner.units import fmt_bytes
-from runner.verdict import Cell, World
+from runner.verdict import Cell, World, ratio_interval
 
 Key = tuple[str, str, int]  # card, flag set, reference count
 PEAK_NOISE = 0.02  # relative
@@ -67,9 +68,11 @@ def _spread(c: Cell) -> tuple[float, float] | None:
 
 
 def wall_moved(x: Cell, y: Cell) -> bool:
-    """True when the two cells' wall-time spreads are both measured and do not overlap."""
-    a, b = _spread(x), _spread(y)
-    return a is not None and b is not None and (a[1] < b[0] or b[1] < a[0])
+    """True when both cells measured a spread and the interval of after/before medians excludes 1."""
+    if _spread(x) is None or _spread(y) is None or not (x.walls_s and y.walls_s):
+        return False
+    low, high = ratio_interval(y.walls_s, x.walls_s)
+    return high < 1 or low > 1
 
 
 def load_summary(run_dir: Path) -> RunSummary:
@@ -82,7 +85,7 @@ def load_summary(run_dir: Path) -> RunSummary:
     for v in doc["verdicts"]:
         worlds[v["card"]] = World(v["world"])
         for c in v["cells"]:
-            cell = Cell(**{**c, "steps": tuple(c["steps"])})
+            cell = Cell(**{**c, "steps": tuple(c["steps"]), "walls_s": tuple(c.get("walls_s", ()))})
             cells[(v["card"], cell.flags, cell.references)] = cell
     return RunSummary(doc["run_id"], worlds, cells)
 
@@ -123,7 +126,8 @@ def render(a: RunSummary, b: RunSummary, *, show_all: bool = False) -> str:
     moved = [ch for ch in every if ch.what_changed()]
     lines += ["", f"{len(moved)} of {len(every)} cell(s) changed beyond noise"
               + ("" if show_all else f"; {len(every) - len(moved)} within noise not listed (--all lists them)")
-              + ". Wall: median [min–max] s over timed sends; a change needs spreads that do not overlap."]
+              + ". Wall: median [min–max] s over timed sends; a change needs the interval of after/before "
+                "to exclude 1."]
     shown = every if show_all else moved
     if not shown:
         return "\n".join([*lines, "", "No changed cells."]) + "\n"

@@ -13,13 +13,15 @@
 and, where a baseline image exists, reaches the minimum PSNR: broken output does not count as served.
 
 Latency: every timed send of a served step (`wall_samples_s`, repeats × seeds × fixtures) is a sample; a
-cell's wall time is their median with the min–max spread. A latency ratio is median over median, and its
-interval pairs the extremes: [min offload / max reference, max offload / min reference].
+cell's wall time is their median with the min–max spread. A latency ratio is median over median, with a
+95% percentile-bootstrap interval (each side resampled on its own, fixed seed: still a pure function). With
+two samples a side that interval is about the min–max pairing; more repeats narrow it, min–max would not.
 """
 
 from __future__ import annotations
 
 import itertools
+import random
 import statistics
 from dataclasses import asdict, dataclass
 from enum import StrEnum
@@ -66,6 +68,7 @@ class Cell:
     wall_max_s: float | None = None
     wall_samples: int = 0  # how many timed sends
     baseline: bool = False  # the baseline cell: its images are the reference, not scored against themselves
+    walls_s: tuple[float, ...] = ()  # the timed sends themselves, for latency intervals
 
 
 @dataclass(frozen=True)
@@ -131,7 +134,7 @@ def summarise(steps: list[StepRecord], rules: VerdictRules) -> list[Cell]:
             psnr_db=round(statistics.fmean(psnrs), 2) if psnrs else None,
             psnr_min_db=min(psnrs, default=None), steps=tuple(s.key for s in group),
             wall_min_s=round(min(walls), 3) if walls else None, wall_max_s=round(max(walls), 3) if walls else None,
-            wall_samples=len(walls), baseline=is_baseline))
+            wall_samples=len(walls), baseline=is_baseline, walls_s=tuple(round(w, 4) for w in walls)))
     return cells
 
 
@@ -217,22 +220,30 @@ def server_says(failure: Failure) -> tuple[str, ...]:
     return error_lines("\n".join(failure.evidence)) or failure.evidence[-1:]
 
 
+def ratio_interval(num: tuple[float, ...], den: tuple[float, ...], *, level: float = 0.95, draws: int = 2000,
+                   seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap of median(num) / median(den), each side resampled on its own with a fixed seed."""
+    rng = random.Random(seed)
+    med = statistics.median
+    ratios = sorted(med(rng.choices(num, k=len(num))) / med(rng.choices(den, k=len(den))) for _ in range(draws))
+    cut = int(draws * (1 - level) / 2)
+    return ratios[cut], ratios[-cut - 1]
+
+
+def _walls(cell: Cell) -> tuple[float, ...]:
+    return cell.walls_s or ((cell.wall_s,) if cell.wall_s else ())  # verdict.json of earlier runs: no samples
+
+
 def _ratio(off: Cell, ref: Cell | None, base_wall: float | None, what: str) -> Latency | None:
-    """Median over median; the interval pairs the extremes of each side's samples (a single recorded
-    reference wall time has no spread)."""
-    if not off.wall_s:
+    """Median over median with its bootstrap interval (a recorded baseline wall time is one sample)."""
+    num = _walls(off)
+    den = _walls(ref) if ref is not None else (base_wall,) if base_wall else ()
+    if not num or not den:
         return None
-    if ref is not None and ref.wall_s:
-        r_med, r_lo, r_hi, r_n = ref.wall_s, ref.wall_min_s or ref.wall_s, ref.wall_max_s or ref.wall_s, \
-            max(ref.wall_samples, 1)
-    elif base_wall:
-        r_med = r_lo = r_hi = base_wall
-        r_n = 1
-    else:
-        return None
-    o_lo, o_hi = off.wall_min_s or off.wall_s, off.wall_max_s or off.wall_s
-    return Latency(round(off.wall_s / r_med, 3), round(o_lo / r_hi, 3), round(o_hi / r_lo, 3), what, r_med,
-                   (max(off.wall_samples, 1), r_n))
+    ratio = statistics.median(num) / statistics.median(den)
+    low, high = ratio_interval(num, den)
+    return Latency(round(ratio, 3), round(low, 3), round(high, 3), what, round(statistics.median(den), 4),
+                   (len(num), len(den)))
 
 
 def latency(flags: str, cells: list[Cell], defaults: list[str], target: int,

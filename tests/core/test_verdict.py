@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from runner.matrix import VerdictRules
 from runner.records import Failure, FailureClass, Peak, Sanity, Scores, ServerStart, SessionRecord, Status, StepRecord
-from runner.verdict import World, decide, identical_pairs
+from runner.verdict import World, decide, identical_pairs, ratio_interval
 
 RULES = VerdictRules(target_references=2, max_latency_ratio=2.5, min_psnr_db=20, offload_roles=("offload",),
                      max_transparent_share=0.5, min_pixel_std=2.0)
@@ -190,13 +190,13 @@ def test_ratio_interval_clearly_under_is_offload_works() -> None:
     v = decide("c", _latency_case((1.5, 1.6, 1.4, 1.7)), SESSIONS, RULES)
     assert v.world == World.OFFLOAD_WORKS
     lo, hi = v.evidence["latency_interval"]
-    assert lo == round(1.4 / 1.1, 3) and hi == round(1.7 / 0.9, 3) and hi <= RULES.max_latency_ratio
+    assert 1.4 / 1.1 <= lo <= v.evidence["latency_ratio"] <= hi <= min(1.7 / 0.9, RULES.max_latency_ratio)
     assert v.evidence["latency_reference"]["samples"] == [4, 3]
     assert v.evidence["wall_spread_s"] == [1.4, 1.7] and v.evidence["wall_samples"] == 4
 
 
 def test_ratio_interval_straddling_the_limit_is_undecided() -> None:
-    v = decide("c", _latency_case((1.5, 2.9, 2.0, 2.4)), SESSIONS, RULES)  # 1.5/1.1 .. 2.9/0.9 vs 2.5
+    v = decide("c", _latency_case((1.5, 2.9, 2.0, 2.4)), SESSIONS, RULES)  # median 2.2, spread around 2.5
     assert v.world == World.UNDECIDED
     assert "straddles 2.5: rerun with more repeats" in v.reason
 
@@ -212,4 +212,14 @@ def test_without_a_common_count_the_baseline_wall_time_is_the_reference() -> Non
              step("host", "offload", 2, wall=20.0, samples=(20.0, 22.0))]
     v = decide("c", steps, SESSIONS, RULES, baseline_wall_s=10.0)
     assert v.world == World.OFFLOAD_WORKS and v.evidence["latency_interval"] == [2.0, 2.2]
+    assert v.evidence["latency_reference"]["samples"] == [2, 1]
     assert "the baseline's recorded wall time (10 s) at 2" in v.evidence["latency_reference"]["what"]
+
+
+def test_more_repeats_narrow_the_interval() -> None:
+    few, many = (1.0, 2.0), (1.0, 2.0, 1.4, 1.5, 1.6, 1.45, 1.55, 1.5, 1.6, 1.4, 1.5, 1.55)
+    ref = (1.0, 1.0)
+    assert ratio_interval(few, ref) == (1.0, 2.0)  # two samples: about the min–max pairing
+    low, high = ratio_interval(many, ref)
+    assert 1.0 < low < 1.5 < high < 2.0  # the same extremes among many: the median is pinned down
+    assert ratio_interval(many, ref) == (low, high)  # a fixed seed: the verdict stays a pure function
