@@ -160,6 +160,9 @@ def test_crash_restarts_once_and_records_lost_steps(tmp_path: Path) -> None:
     assert got[1]["failure"]["kind"] == "crash" and got[1]["lost"] and got[1]["failure"]["exit_code"] == 1
     assert got[2]["attempt"] == 1 and got[4]["attempt"] == 1
     assert "restart" in got[5]["skip_reason"]
+    verdict = json.loads((run_dir / "verdict.json").read_text())["verdicts"][0]
+    assert verdict["world"] == "undecided"  # a crash without OOM text says nothing about memory
+    assert verdict["evidence"]["blocking"][0]["record"] == "roomy/dies/refs-2/shapes-seed-1"  # the crash at 2
     session = json.loads((run_dir / "roomy/dies/session.json").read_text())
     assert len(session["starts"]) == 2 and all(s["ready_s"] for s in session["starts"])
     assert (run_dir / "roomy/dies/server.1.log").is_file()
@@ -215,6 +218,8 @@ def test_hang_times_out_restarts_and_start_failures_are_classified(tmp_path: Pat
     verdicts = {v["card"]: v for v in json.loads((run_dir / "verdict.json").read_text())["verdicts"]}
     assert verdicts["dies-at-load"]["world"] == "not-built"
     assert "oom_at_load" in verdicts["dies-at-load"]["reason"]
+    assert verdicts["hangs-at-load"]["world"] == "undecided"
+    assert "ready_timeout" in verdicts["hangs-at-load"]["evidence"]["blocking"][0]["why"]
     for p in psutil.process_iter(["cmdline"]):  # the never-listening server was stopped, not left behind
         assert "time.sleep(120)" not in " ".join(p.info["cmdline"] or [])
 
