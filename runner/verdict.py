@@ -192,7 +192,7 @@ class Blocked:
 
     def text(self) -> str:
         where = f" [{self.record}]" if self.record else ""
-        says = [_short(line) for line in self.server_says if line not in self.why]
+        says = [_short(line) for line in self.server_says if without_stamp(line) not in self.why]
         return self.why + where + (f"; server log: {' / '.join(says)}" if says else "")
 
     def to_json(self) -> dict[str, Any]:

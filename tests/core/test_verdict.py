@@ -129,6 +129,10 @@ def test_capacity_and_quality_everywhere_is_not_built_one_crash_makes_it_undecid
     assert v.world == World.UNDECIDED
     assert "offload 'host': crash: boom [c/host/refs-2/f-seed-1]" in v.reason
     assert "ERROR refserver: fault exit@2: exiting" in v.reason
+    line = "ERROR refserver: fault exit@2: exiting"
+    stamped = replace(crash, failure=replace(crash.failure, message=f"exited: {line}",
+                                             evidence=(f"2026-11-30 02:52:29,185 {line}",)))
+    assert decide("c", [*base, stamped], sessions, RULES).reason.count("fault exit@2") == 1  # not repeated
     assert "default 'default' stopped by capacity" in v.reason and "offload 'fp8' stopped by quality" in v.reason
     oom_instead = step("host", "offload", 2, Status.FAILED, kind=FailureClass.OOM)
     assert decide("c", [*base, oom_instead], sessions, RULES).world == World.NOT_BUILT
