@@ -1,6 +1,7 @@
 """Does the embedded default give the same verdicts run after run? Runs examples/local.toml N times
 (default 5) and prints, per run and card, the verdict, the deciding flag set, the latency ratio with its
-interval and how many timed sends each side had; then each card's verdicts over all runs.
+interval and how many timed sends each side had, and what `runner compare` finds changed between the first
+run and this one (identical runs: ideally no changed cell); then each card's verdicts over all runs.
 
     python benchmarks/verdict_stability.py [--runs 5] [--matrix examples/local.toml]
 
@@ -20,6 +21,18 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_dir(results: Path) -> Path:
+    return sorted(results.glob("*/verdict.json"), key=lambda p: p.stat().st_mtime)[-1].parent
+
+
+def compare(first: Path, this: Path) -> str:
+    proc = subprocess.run([sys.executable, "-m", "runner", "compare", str(first), str(this)], capture_output=True,
+                          text=True)
+    counts = next((ln for ln in proc.stdout.splitlines() if "changed beyond noise" in ln), proc.stderr.strip())
+    changed = [ln for ln in proc.stdout.splitlines() if ln.startswith("| cpu") and ln.count("|") > 8]
+    return "\n".join([f"  compare with run 1: {counts.split('. Wall')[0]}", *(f"    {ln}" for ln in changed)])
 
 
 def one_run(matrix: Path, results: Path) -> tuple[float, int, list[dict]]:
@@ -62,6 +75,8 @@ def main() -> int:
             for v in verdicts:
                 seen[v["card"]].append(v["world"])
                 print("  " + describe(v))
+            if i > 1:
+                print(compare(run_dir(Path(tmp) / "run-1"), run_dir(Path(tmp) / f"run-{i}")))
             sys.stdout.flush()
     print("\nverdicts over all runs:")
     stable = True
