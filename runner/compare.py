@@ -2,15 +2,21 @@
 card × flag set × reference count, what moved — served or not, peak memory, latency, PSNR. Pure over the
 runs' verdict.json files; `runner compare RUN_A RUN_B` prints it.
 
-Noise is told from change: a wall time moved only when the 95% bootstrap interval of after/before medians
-(runner.verdict.ratio_interval, each run ≥ 2 timed sends; with one send the spread is unknown and no change
-is claimed) excludes 1; a peak moved
-by more than PEAK_NOISE (meters sample, they are not exact); PSNR by more than PSNR_NOISE_DB. A served/not
-served or blocker change is always a change. Only changes are listed unless every cell is asked for."""
+Noise is told from change. Wall time has two noises: within a run (the spread of a cell's timed sends) and
+between runs (a shared machine's load moves every cell, either way). A cell's wall time moved only when the
+95% bootstrap interval of its after/before medians (runner.verdict.ratio_interval; ≥ 2 timed sends in each
+run, else the spread is unknown and no change is claimed) lies wholly outside the run-to-run band: ±3
+robust SDs (1.4826 × MAD) of log(after/before) over all cells both runs timed, when there are at least
+MIN_CELLS_FOR_BAND of them (else the band is 1: the within-run spread alone). A peak moved by more than
+PEAK_NOISE on a cell served in both runs (meters sample; an OOM cell's peak is whatever was seen before the
+failure); PSNR by more than PSNR_NOISE_DB. A served/not served or blocker change is always a change. Only
+changes are listed unless every cell is asked for."""
 
 from __future__ import annotations
 
 import json
+import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +28,7 @@ from runner.verdict import Cell, World, ratio_interval
 Key = tuple[str, str, int]  # card, flag set, reference count
 PEAK_NOISE = 0.02  # relative
 PSNR_NOISE_DB = 0.5
+MIN_CELLS_FOR_BAND = 5
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,7 @@ class CellChange:
     key: Key
     before: Cell | None
     after: Cell | None
+    band: float = 1.0  # run-to-run noise: wall ratios within [1/band, band] are not a change
 
     @property
     def served_changed(self) -> bool:
@@ -51,10 +59,10 @@ class CellChange:
             out.append("served")
         if x.blocker != y.blocker:
             out.append("blocker")
-        if wall_moved(x, y):
+        if wall_moved(x, y, self.band):
             out.append("wall")
-        if x.peak_bytes and y.peak_bytes and abs(y.peak_bytes - x.peak_bytes) > PEAK_NOISE * max(x.peak_bytes,
-                                                                                                   y.peak_bytes):
+        if x.served and y.served and x.peak_bytes and y.peak_bytes \
+                and abs(y.peak_bytes - x.peak_bytes) > PEAK_NOISE * max(x.peak_bytes, y.peak_bytes):
             out.append("peak")
         if x.psnr_db is not None and y.psnr_db is not None and abs(y.psnr_db - x.psnr_db) > PSNR_NOISE_DB:
             out.append("psnr")
@@ -67,12 +75,23 @@ def _spread(c: Cell) -> tuple[float, float] | None:
     return c.wall_min_s, c.wall_max_s
 
 
-def wall_moved(x: Cell, y: Cell) -> bool:
-    """True when both cells measured a spread and the interval of after/before medians excludes 1."""
+def wall_moved(x: Cell, y: Cell, band: float = 1.0) -> bool:
+    """True when both cells measured a spread and the interval of after/before medians lies wholly outside
+    [1/band, band]."""
     if _spread(x) is None or _spread(y) is None or not (x.walls_s and y.walls_s):
         return False
     low, high = ratio_interval(y.walls_s, x.walls_s)
-    return high < 1 or low > 1
+    return high < 1 / band or low > band
+
+
+def run_band(pairs: list[tuple[Cell, Cell]]) -> tuple[float, int]:
+    """The run-to-run noise band (a factor ≥ 1) from the cells both runs timed, and how many there were."""
+    logs = [math.log(y.wall_s / x.wall_s) for x, y in pairs if x.wall_s and y.wall_s]
+    if len(logs) < MIN_CELLS_FOR_BAND:
+        return 1.0, len(logs)
+    mid = statistics.median(logs)
+    sd = 1.4826 * statistics.median(abs(v - mid) for v in logs)
+    return math.exp(3 * sd), len(logs)
 
 
 def load_summary(run_dir: Path) -> RunSummary:
@@ -90,8 +109,11 @@ def load_summary(run_dir: Path) -> RunSummary:
     return RunSummary(doc["run_id"], worlds, cells)
 
 
-def changes(a: RunSummary, b: RunSummary) -> list[CellChange]:
-    return [CellChange(k, a.cells.get(k), b.cells.get(k)) for k in sorted(a.cells.keys() | b.cells.keys())]
+def changes(a: RunSummary, b: RunSummary) -> tuple[list[CellChange], float, int]:
+    """Every cell's change, with the run-to-run band and how many cells it was measured over."""
+    keys = sorted(a.cells.keys() | b.cells.keys())
+    band, cells = run_band([(a.cells[k], b.cells[k]) for k in keys if k in a.cells and k in b.cells])
+    return [CellChange(k, a.cells.get(k), b.cells.get(k), band) for k in keys], band, cells
 
 
 def _delta(before: float | None, after: float | None, fmt: str, *, relative: bool = True) -> str:
@@ -122,12 +144,15 @@ def render(a: RunSummary, b: RunSummary, *, show_all: bool = False) -> str:
         before, after = a.worlds.get(card), b.worlds.get(card)
         mark = "" if before == after else " ⚠️ changed"
         lines.append(f"| {card} | {before or '–'} | {after or '–'}{mark} |")
-    every = changes(a, b)
+    every, band, timed = changes(a, b)
     moved = [ch for ch in every if ch.what_changed()]
+    noise = (f"run-to-run wall-time noise band ×/÷ {band:.2f} (3 robust SDs of after/before over {timed} "
+             f"cells)" if band > 1 else f"no run-to-run band ({timed} cells timed in both; needs "
+             f"{MIN_CELLS_FOR_BAND}): within-run spread only")
     lines += ["", f"{len(moved)} of {len(every)} cell(s) changed beyond noise"
               + ("" if show_all else f"; {len(every) - len(moved)} within noise not listed (--all lists them)")
-              + ". Wall: median [min–max] s over timed sends; a change needs the interval of after/before "
-                "to exclude 1."]
+              + f". Wall: median [min–max] s over timed sends; a change needs the interval of after/before "
+                f"to lie outside the {noise}."]
     shown = every if show_all else moved
     if not shown:
         return "\n".join([*lines, "", "No changed cells."]) + "\n"

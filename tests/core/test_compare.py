@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -69,3 +70,29 @@ def test_compare_without_verdict_is_one_line_error(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "runner", "compare", str(tmp_path), str(tmp_path)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "cannot read verdicts" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_run_to_run_noise_is_measured_over_all_cells_and_only_outliers_change(tmp_path: Path) -> None:
+    """Ten cells whose wall time drifts ±20% between two runs (a shared machine's load) and one that got
+    four times slower: only that one is a change."""
+    import dataclasses
+
+    sessions = [session("default", "default")]
+    a = load_summary(write_run(tmp_path / "a", "run-a", _two_seeds((1.0, 1.02, 0.98, 1.01)), sessions))
+    base = next(iter(a.cells.values()))
+    drift = (0.8, 1.2, 0.9, 1.1, 0.85, 1.15, 0.95, 1.05, 0.82, 1.18)
+    before, after = {}, {}
+    for i, f in enumerate((*drift, 4.0)):
+        walls = tuple(w * f for w in base.walls_s)
+        key = ("c", f"flags-{i}", 1)
+        before[key] = dataclasses.replace(base, flags=key[1])
+        after[key] = dataclasses.replace(base, flags=key[1], walls_s=walls, wall_s=statistics.median(walls),
+                                         wall_min_s=min(walls), wall_max_s=max(walls))
+    text = render(dataclasses.replace(a, cells=before), dataclasses.replace(a, cells=after))
+    assert "1 of 11 cell(s) changed beyond noise" in text and "over 11 cells" in text
+    assert "| c | flags-10 | 1 | served | served | wall |" in text
+    # with fewer than 5 cells timed in both runs there is no band: the within-run spread (±2%) alone decides
+    few = [k for k in before if k[1] in ("flags-0", "flags-1", "flags-2", "flags-3")]
+    text = render(dataclasses.replace(a, cells={k: before[k] for k in few}),
+                  dataclasses.replace(a, cells={k: after[k] for k in few}))
+    assert "4 of 4 cell(s) changed beyond noise" in text and "no run-to-run band (4 cells timed" in text
