@@ -346,7 +346,8 @@ def decide(card: str, steps: list[StepRecord], sessions: list[SessionRecord], ru
                        f"offload flag set '{flags}' serves {target} reference(s): peak {fmt_bytes(cell.peak_bytes)} "
                        f"({cell.peak_source}), host peak {fmt_bytes(cell.host_peak_bytes)}, {_wall(cell)}, "
                        f"{judged}, {_psnr(cell)}; {vs}",
-                       _evidence(cell, lat), tuple(cells), tuple(notes))
+                       {**_evidence(cell, lat), "flag_sets": {f: b.to_json() for f, b in stopped.items()}},
+                       tuple(cells), tuple(notes))
 
     others = [f"'{f}' [{roles[f]}]: " + (f"serves {target}" if at.get(f) and at[f].served else why_not(f).text())
               for f in roles if roles[f] not in rules.offload_roles and roles[f] != "default"]

@@ -52,6 +52,7 @@ def test_offload_works_with_latency_ratio_against_default() -> None:
     assert v.evidence["latency_ratio"] == 1.25
     assert v.evidence["latency_reference"]["what"].startswith("default 'default' at 1 reference(s)")
     assert "out of memory at 2" in v.reason
+    assert v.evidence["flag_sets"]["default"]["record"] == "c/default/refs-2/f-seed-1"
 
 
 def test_offload_too_slow_is_not_built() -> None:

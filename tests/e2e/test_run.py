@@ -126,6 +126,10 @@ def test_three_flag_sets_oom_implied_skip_broken_output_and_offload_verdict(tmp_
     verdict = json.loads((run_dir / "verdict.json").read_text())["verdicts"][0]
     assert verdict["world"] == "offload-works" and verdict["flags"] == "cond-host"
     assert verdict["evidence"]["latency_ratio"] is not None
+    # the default's evidence is the OOM at 3, not the step at 4 it implied
+    assert verdict["evidence"]["flag_sets"]["default"]["record"] == "tight/default/refs-3/shapes-seed-1"
+    assert verdict["evidence"]["flag_sets"]["default"]["stop"] == "capacity"
+    assert "the baseline cell" in verdict["reason"]  # tight/cond-host is the baseline: not scored against itself
     report = (run_dir / "report.md").read_text()
     assert "offload-works" in report and "❌ OOM" in report and "⏭" in report
     assert (run_dir / "plots" / "tight-capacity.png").stat().st_size > 5000
