@@ -275,8 +275,11 @@ def blocked(flags: str, role: str, target: int, steps: list[StepRecord], session
     at = [s for s in mine if s.references == target]
     if not at:
         return Blocked(flags, role, Stop.UNKNOWN, f"{target} reference(s) not in the run", None)
-    oom = next((s for s in mine if s.references <= target and s.failure and s.failure.kind == FailureClass.OOM),
-               None)
+    by_key = {s.key: s for s in mine}
+    # The deciding OOM: the one a skip at the target names (implied_by), else the first at or below it.
+    named = [by_key[s.implied_by] for s in at if s.implied_by in by_key]
+    oom = next((s for s in named + mine if s.references <= target and s.failure
+                and s.failure.kind == FailureClass.OOM), None)
     if oom is not None and oom.failure is not None:
         implied = f" (which implies {target})" if oom.references < target else ""
         return Blocked(flags, role, Stop.CAPACITY, f"out of memory at {oom.references} reference(s){implied}: "

@@ -165,6 +165,11 @@ def test_evidence_cites_the_oom_not_the_skip_it_implied() -> None:
     assert v.evidence["flag_sets"]["default"]["record"] == "c/default/refs-3/f-seed-1"
     assert "out of memory at 3 reference(s) (which implies 4)" in v.reason
     assert v.evidence["flag_sets"]["default"]["server_says"] == ["torch.OutOfMemoryError: CUDA out of memory"]
+    # the skip names its deciding step (implied_by): that one is cited, even with another OOM beside it
+    seed2 = step("default", "default", 3, Status.FAILED, kind=FailureClass.OOM, seed=2)
+    named = [*steps[:2], seed2, replace(steps[2], implied_by=seed2.key)]
+    v = decide("c", named, [session("default", "default")], rules)
+    assert v.evidence["flag_sets"]["default"]["record"] == "c/default/refs-3/f-seed-2"
 
 
 def test_baseline_cell_is_labelled_not_scored_against_itself() -> None:
