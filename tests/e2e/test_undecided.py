@@ -78,14 +78,14 @@ def test_broken_harness_cards_are_undecided_with_the_servers_own_error_lines(tmp
 
 
 def _straddling_seed() -> int:
-    """A jitter seed whose two timed sends at 2 references (requests 4 and 5: refs-1 seed 1, its determinism
-    repeat, refs-1 seed 2, then refs-2 seeds 1 and 2) fall on both sides of twice the default's latency."""
+    """A jitter seed whose four timed sends at 2 references (repeats = 2: requests 1-4 are refs-1, 5-8 are
+    refs-2 seeds 1 and 2) are two well under and two well over twice the default's latency."""
     from runner.refserver.faults import FaultPlan
 
     for seed in range(1000):
         plan = FaultPlan.parse([f"jitter=0.5:4:{seed}"])
-        low, high = sorted((plan.delay_s(4), plan.delay_s(5)))
-        if low < 1.0 and high > 3.5:
+        delays = sorted(plan.delay_s(n) for n in range(5, 9))
+        if delays[1] < 1.0 and delays[2] > 3.5:
             return seed
     raise AssertionError("no seed found")
 
@@ -94,6 +94,7 @@ def test_latency_interval_under_straddling_and_over_the_limit(tmp_path: Path) ->
     # Default sleeps a fixed 1 s per request and runs out of memory at 3 references; each card's offload
     # flag set (the cache in host memory, serving 3) sleeps a seeded draw. Compute is ~0.2 s here, so the
     # sleeps dominate: offload/default at 2 references is ~1.1 (under 2), 0.5..4 (straddles), ~4 (over).
+    # Two timed sends per step (the executor's repeats): four samples a side at 2 references.
     seed = _straddling_seed()
     path = matrix(tmp_path, f"""
         [cards.under]
@@ -132,7 +133,7 @@ def test_latency_interval_under_straddling_and_over_the_limit(tmp_path: Path) ->
 
         [verdict]
         max_latency_ratio = 2
-        """, seeds="[1, 2]")
+        """, seeds="[1, 2]", repeats=2)
     proc, run_dir = run(path)
     assert proc.returncode == 1, proc.stderr[-2000:]  # the straddling card is undecided
     verdicts = {v["card"]: v for v in json.loads((run_dir / "verdict.json").read_text())["verdicts"]}
@@ -141,6 +142,7 @@ def test_latency_interval_under_straddling_and_over_the_limit(tmp_path: Path) ->
     under = verdicts["under"]
     assert under["world"] == "offload-works" and under["flags"] == "host-under", under["reason"]
     assert under["evidence"]["latency_interval"][1] <= 2
+    assert under["evidence"]["latency_reference"]["samples"] == [4, 4]  # 2 seeds × 2 timed repeats a side
     assert under["evidence"]["latency_reference"]["what"].startswith("default 'default' at 2 reference(s)")
     straddles = verdicts["straddles"]
     assert straddles["world"] == "undecided", straddles["reason"]
