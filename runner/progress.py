@@ -11,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Column
 
 from runner.events import Events
+from runner.failures import without_stamp
 from runner.records import Status, StepRecord
 from runner.units import clip, fmt_bytes, fmt_s
 from runner.verdict import Cell, Verdict, World
@@ -56,6 +57,11 @@ def verdict_line(v: Verdict, limit: int = 200) -> str:
     elif v.world == World.NOT_BUILT and v.cells:
         order = dict.fromkeys([*ev.get("flag_sets", {}), *(c.flags for c in v.cells)])
         body = f"at {v.target_references} refs: " + ", ".join(f"{f} {_ceiling(v.cells, f)}" for f in order)
+    elif v.world == World.UNDECIDED and ev.get("blocking"):
+        # what blocked it and the server's own line first: the part a clipped line must not lose
+        body = "cannot tell: " + "; ".join(
+            f"'{b['flags']}' [{b['record']}] " + (without_stamp(b["server_says"][0]) if b["server_says"] else b["why"])
+            for b in ev["blocking"])
     else:
         body = v.reason
     return clip(f"{head} — {body}", limit)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from runner import plots
+from runner.failures import without_stamp
 from runner.meters.reconcile import reconcile, render
 from runner.records import Failure, SessionRecord, Status, StepRecord
 from runner.store import RunStore, load_memory
@@ -33,9 +34,9 @@ def _story(b: dict[str, Any] | str) -> str:
     """A flag set's stop from verdict.json: what stopped it, the deciding record, the server's own line."""
     if isinstance(b, str):  # verdict.json of earlier runs
         return b
-    says = "".join(f" — server: `{clip(line, 200)}`" for line in b.get("server_says", ()))
-    stop = {"capacity": "stopped by capacity", "quality": "stopped by quality"}.get(
-        b["stop"], "blocked by something that says nothing about memory")
+    says = "".join(f" — server: `{clip(without_stamp(line), 200)}`" for line in b.get("server_says", ()))
+    stop = {"capacity": "stopped by capacity", "quality": "stopped by quality", "served": "serves it"}.get(
+        b["stop"], "stopped by neither memory nor quality")
     return f"**{stop}** — {b['why']}" + (f" (`{b['record']}`)" if b.get("record") else "") + says
 
 

@@ -352,13 +352,15 @@ def decide(card: str, steps: list[StepRecord], sessions: list[SessionRecord], ru
                        {**_evidence(cell, lat), "flag_sets": {f: b.to_json() for f, b in stopped.items()}},
                        tuple(cells), tuple(notes))
 
-    others = [f"'{f}' [{roles[f]}]: " + (f"serves {target}" if at.get(f) and at[f].served else why_not(f).text())
-              for f in roles if roles[f] not in rules.offload_roles and roles[f] != "default"]
+    # Flag sets of other roles (quantization, ...) are part of the story but never decide the card.
+    others = {f: ({"stop": "served", "why": f"serves {target}; its role ({roles[f]}) does not count",
+                   "record": None, "server_says": []} if at.get(f) and at[f].served else why_not(f).to_json())
+              for f in roles if roles[f] not in rules.offload_roles and roles[f] != "default"}
     served_elsewhere = [f for f in roles if at.get(f) and at[f].served]
     if served_elsewhere:
         notes.append(f"served {target} only under non-offload flag set(s) {', '.join(served_elsewhere)}, "
                      f"which do not count for this verdict")
-    evidence = {"flag_sets": {f: b.to_json() for f, b in stopped.items()}, "others": others}
+    evidence: dict[str, Any] = {"flag_sets": {**{f: b.to_json() for f, b in stopped.items()}, **others}}
     unknown = [b for b in stopped.values() if b.stop == Stop.UNKNOWN]
     if unknown:
         evidence["blocking"] = [{"flags": b.flags, **b.to_json()} for b in unknown]

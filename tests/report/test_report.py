@@ -42,13 +42,14 @@ def build_run(root: Path) -> tuple[RunStore, str]:
         start = ServerStart(0, 99.0, 1.0, None, stopped_at=110.0,
                             load_peaks=(Peak("server", "device", 3 * 2**20, 1, None, True),))
         store.write_session(SessionRecord(f"c/{flags}", "c", flags, "quantization" if flags in ("int8", "fp8")
-                                          else "offload", "local", (start,)))
+                                          else "other" if flags == "resident" else "offload", "local", (start,)))
     store.write_run({"run_id": "r1", "matrix": {"path": "/x/local.toml", "sha256": "0" * 64, "text": MATRIX},
                      "runner": {"version": "0.1.0"}, "cards": {"c": {"vram_gib": 6 / 1024}},
                      "plan": {"sessions": ["c/default", "c/offload", "c/int8", "c/fp8", "c/resident"]}})
     rules = replace(RULES, target_references=3)
     steps, sessions = store.load_steps(), store.load_sessions()
-    roles = {"default": "default", "offload": "offload", "resident": "offload", "int8": "quantization",
+    # "resident" never ran at the target (3): as an offload role it would leave the card undecided
+    roles = {"default": "default", "offload": "offload", "resident": "other", "int8": "quantization",
              "fp8": "quantization"}
     for s in steps:  # the hand-built steps carry role "x"; give them their flag set's role
         store.write_step(replace(s, role=roles[s.flags]))
