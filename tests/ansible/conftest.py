@@ -21,6 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 ANSIBLE_DIR = ROOT / "ansible"
 PLAYBOOK = ANSIBLE_DIR / "provision.yml"
 VENV_BIN = Path(sys.executable).parent
+# The summary's own failure (a required step not ready) repeats the steps' failures: not listed again.
+SUMMARY_FAIL_TASK = "Exit non-zero when a required step is not ready"
 
 
 def tool(name: str) -> str | None:
@@ -37,6 +39,7 @@ class PlaybookResult:
     failures: list[str] = field(default_factory=list)  # msg of every failed task
     hosts: set[str] = field(default_factory=set)  # hosts that any task ran on
     changed: int = 0
+    summary: list[str] = field(default_factory=list)  # the lines of the final "what is ready" summary
 
     @property
     def ok(self) -> bool:
@@ -51,17 +54,20 @@ def local_inventory(path: Path, host_vars: dict[str, Any] | None = None, group: 
 
 
 def run_playbook(tmp_path: Path, inventory: Path, tags: str, extravars: dict[str, Any] | None = None,
-                 check: bool = False, limit: str | None = None) -> PlaybookResult:
+                 check: bool = False, limit: str | None = None, diff: bool = False,
+                 skip_tags: str | None = None) -> PlaybookResult:
     """provision.yml through ansible-runner's Python API (the design drives provisioning with ansible-runner)."""
     import ansible_runner
 
     pdd = tmp_path / f"runner-{tags}-{len(list(tmp_path.glob('runner-*')))}"
     pdd.mkdir()
-    cmdline = "--check" if check else None
+    cmdline = " ".join(f for f, on in (("--check", check), ("--diff", diff)) if on) or None
     env = {
         "ANSIBLE_CONFIG": str(ANSIBLE_DIR / "ansible.cfg"),
         "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-tmp"),
         "ANSIBLE_NOCOLOR": "1",
+        # SSH control sockets in the test's temp dir, not in ~/.ansible/cp.
+        "ANSIBLE_SSH_CONTROL_PATH_DIR": str(tmp_path / "cp"),
         # The modules run under this interpreter; never let discovery pick a broken shim.
         "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
         # ansible-runner starts `ansible-playbook` from PATH: make it this venv's.
@@ -69,21 +75,26 @@ def run_playbook(tmp_path: Path, inventory: Path, tags: str, extravars: dict[str
     }
     r = ansible_runner.run(
         private_data_dir=str(pdd), playbook=str(PLAYBOOK), inventory=str(inventory), tags=tags,
-        extravars=extravars or {}, cmdline=cmdline, limit=limit, quiet=True, envvars=env,
+        extravars=extravars or {}, cmdline=cmdline, limit=limit, quiet=True, envvars=env, skip_tags=skip_tags,
     )
     failures, hosts = [], set()
     for ev in r.events:
         data = ev.get("event_data", {})
         if data.get("host"):
             hosts.add(data["host"])
-        if ev.get("event") == "runner_on_failed" and not data.get("ignore_errors"):
+        if (ev.get("event") == "runner_on_failed" and not data.get("ignore_errors")
+                and data.get("task") != SUMMARY_FAIL_TASK):
             res = data.get("res", {})
             # A failed loop reports "One or more items failed" plus the items: keep the items' messages.
             items = [x.get("msg", "") for x in res.get("results", []) if x.get("failed")]
             msgs = items or [res.get("msg", "")]
             failures.extend(m for m in msgs if m)
     changed = sum((r.stats or {}).get("changed", {}).values()) if r.stats else 0
-    return PlaybookResult(r.status, r.rc, r.stdout.read(), failures, hosts, changed)
+    summary = next((ev["event_data"]["res"].get("msg") for ev in r.events
+                    if ev.get("event") == "runner_on_ok"
+                    and ev.get("event_data", {}).get("task") == "What is ready, what is not"), None)
+    return PlaybookResult(r.status, r.rc, r.stdout.read(), failures, hosts, changed,
+                          summary if isinstance(summary, list) else [])
 
 
 def docker_answers() -> bool:
