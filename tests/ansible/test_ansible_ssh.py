@@ -214,9 +214,10 @@ def test_real_run_sidecar_up_despite_dcgm_and_an_unreachable_host(world, tmp_pat
     assert cfg["rule_files"] == ["rules/alerts.yml"] and cfg["global"]["external_labels"] == {"monitor": "desk"}
     jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
     assert set(jobs) == {"prometheus", "node", "dcgm-exporter", "runner-sidecar", "runner"}
+    port = world["sidecar_port"]  # the inventory's hosts, on the port the sidecar was given
     assert jobs["runner-sidecar"]["static_configs"] == [
-        {"targets": ["127.0.0.1:9500"], "labels": {"card": "rtx3090"}},
-        {"targets": ["127.0.0.1:9500"], "labels": {"card": "rtx5080"}}]
+        {"targets": [f"127.0.0.1:{port}"], "labels": {"card": "rtx3090"}},
+        {"targets": [f"127.0.0.1:{port}"], "labels": {"card": "rtx5080"}}]
     assert jobs["runner-sidecar"]["scrape_interval"] == "1s" and jobs["runner-sidecar"]["scrape_timeout"] == "1s"
     check = subprocess.run(["promtool", "check", "config", str(prom)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
