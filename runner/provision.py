@@ -4,12 +4,16 @@ runs), so provisioning and the run share one tool and one virtual environment.""
 from __future__ import annotations
 
 import argparse
+import getpass
 import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+# ansible-playbook's prompt for -K / --ask-become-pass; ansible-runner answers it from `passwords`.
+BECOME_PROMPT = r"^BECOME password.*:\s*?$"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,11 +22,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--playbook", type=Path, default=REPO / "ansible" / "provision.yml")
     p.add_argument("-i", "--inventory", default=str(REPO / "ansible" / "inventory.yml"),
                    help="inventory file or a host list such as 'localhost,' (default: ansible/inventory.yml)")
-    p.add_argument("-t", "--tags", help="roles to run: preflight, docker, serving_image, assets, meters, monitoring")
+    p.add_argument("-t", "--tags", help="roles to run: preflight, docker, meters_sidecar, assets, serving_image, "
+                   "meters_dcgm, monitoring")
+    p.add_argument("--skip-tags", help="roles to leave out, e.g. meters_dcgm,serving_image")
     p.add_argument("-l", "--limit", help="hosts to run on, e.g. rtx3090")
     p.add_argument("--check", action="store_true", help="dry run: report what would change, change nothing")
+    p.add_argument("--diff", action="store_true", help="show the changes to files (with --check: the would-be ones)")
+    p.add_argument("-K", "--ask-become-pass", action="store_true",
+                   help="ask for the sudo password (package installs, /etc/prometheus, Grafana, services)")
     p.add_argument("-e", "--extra-var", action="append", default=[], metavar="KEY=VALUE")
     return p
+
+
+def run_kwargs(args: argparse.Namespace, extravars: dict[str, str], become_password: str | None) -> dict[str, Any]:
+    """What ansible_runner.run gets for these arguments (pure: the CLI and its test share it)."""
+    flags = [f for f, on in (("--check", args.check), ("--diff", args.diff),
+                             ("--ask-become-pass", become_password is not None)) if on]
+    kwargs: dict[str, Any] = {"playbook": str(args.playbook), "inventory": args.inventory, "tags": args.tags,
+                              "skip_tags": args.skip_tags, "limit": args.limit, "extravars": extravars,
+                              "cmdline": " ".join(flags) or None}
+    if become_password is not None:
+        kwargs["passwords"] = {BECOME_PROMPT: become_password}
+    return kwargs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,14 +58,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"runner: error: --extra-var must be KEY=VALUE, got {item!r}", file=sys.stderr)
             return 2
         extravars[key] = value
+    # Asked here, once, and handed to ansible-runner's prompt answering: never put on a command line or in a file.
+    password = getpass.getpass("BECOME password: ") if args.ask_become_pass else None
     import ansible_runner
 
     venv_bin = str(Path(sys.executable).parent)
     env = {"ANSIBLE_CONFIG": str(args.playbook.parent / "ansible.cfg"),
            "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}"}  # this venv's ansible-playbook
     with tempfile.TemporaryDirectory(prefix="runner-provision-") as pdd:
-        result = ansible_runner.run(private_data_dir=pdd, playbook=str(args.playbook), inventory=args.inventory,
-                                    tags=args.tags, limit=args.limit, extravars=extravars,
-                                    cmdline="--check" if args.check else None, envvars=env)
+        result = ansible_runner.run(private_data_dir=pdd, envvars=env, **run_kwargs(args, extravars, password))
     print(f"runner provision: {result.status} (rc {result.rc})", file=sys.stderr)
     return int(result.rc or 0) if result.status == "successful" else int(result.rc or 1)

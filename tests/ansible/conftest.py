@@ -68,6 +68,7 @@ def run_playbook(tmp_path: Path, inventory: Path, tags: str, extravars: dict[str
         "ANSIBLE_NOCOLOR": "1",
         # SSH control sockets in the test's temp dir, not in ~/.ansible/cp.
         "ANSIBLE_SSH_CONTROL_PATH_DIR": str(tmp_path / "cp"),
+        "ANSIBLE_SSH_ARGS": "-o ControlMaster=auto -o ControlPersist=10s",
         # The modules run under this interpreter; never let discovery pick a broken shim.
         "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
         # ansible-runner starts `ansible-playbook` from PATH: make it this venv's.

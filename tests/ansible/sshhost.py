@@ -176,11 +176,21 @@ Host 127.0.0.1
                         os.kill(int(pid), 9)
                     except ProcessLookupError:
                         pass
+        # SSH sessions still open (a client's ControlPersist) run as the user, who did not exist before this
+        # test: end them by PID too, or userdel refuses.
+        for proc_dir in Path("/proc").iterdir():
+            try:
+                if proc_dir.name.isdigit() and proc_dir.stat().st_uid == uid:
+                    os.kill(int(proc_dir.name), 9)
+            except (FileNotFoundError, ProcessLookupError):
+                pass
         time.sleep(0.5)
         for cg in cgroups:
             if cg.exists():
                 for d in sorted((p for p in cg.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
                     d.rmdir()
                 cg.rmdir()
-        subprocess.run(["userdel", "--remove", user], capture_output=True)
+        gone = subprocess.run(["userdel", "--remove", user], capture_output=True, text=True)
+        if gone.returncode not in (0, 12):  # 12: no mail spool to remove
+            raise RuntimeError(f"userdel {user}: {gone.stderr.strip()}")
         shutil.rmtree(run_dir, ignore_errors=True)

@@ -152,14 +152,15 @@ def test_assets_refuse_placeholders_and_a_changed_manifest(tmp_path: Path, inven
 @pytest.mark.docker
 def test_docker_checks_report_and_install_nothing(tmp_path: Path, inventory, docker_engine) -> None:
     r = run_playbook(tmp_path, inventory(), "docker")
-    assert "answers for" in r.stdout and "nvidia-ctk:" in r.stdout
+    assert "answers for" in r.stdout and "--gpus:" in r.stdout
     assert r.changed == 0  # runner_install_packages is false: nothing installed or configured
-    if r.ok:  # a machine with the NVIDIA toolkit registered
-        assert "nvidia registered" in r.stdout
-    else:
+    if r.ok:  # a machine where `docker run --gpus all` works
+        assert "--gpus: works" in r.stdout
+    else:  # here: the throwaway --gpus probe fails the way Docker fails without the toolkit
         (msg,) = r.failures
-        assert "cannot run GPU containers" in msg
-        assert "nvidia-ctk was not found" in msg or "nvidia runtime is not registered" in msg
+        assert "cannot run GPU containers" in msg and "docker run --gpus all" in msg
+        assert "could not select device driver" in msg or "not on PATH" in msg
+        assert "localhost NOT READY: docker:" in "\n".join(r.summary)
 
 
 @pytest.fixture
@@ -233,6 +234,7 @@ def test_monitoring_renders_prometheus_and_grafana_files(tmp_path: Path) -> None
     assert r.ok, r.failures
     assert r.hosts == {"localhost"}
 
+    # No config there yet: one is started from monitoring/prometheus.yml's global settings plus runner's block.
     prom = yaml.safe_load((out / "prometheus/prometheus.yml").read_text())
     jobs = {j["job_name"]: j for j in prom["scrape_configs"]}
     assert [c["targets"] for c in jobs["dcgm-exporter"]["static_configs"]] == [["192.168.0.39:9400"],
@@ -241,7 +243,11 @@ def test_monitoring_renders_prometheus_and_grafana_files(tmp_path: Path) -> None
     assert jobs["runner-sidecar"]["static_configs"][0]["targets"] == ["192.168.0.39:9500"]
     source = yaml.safe_load((ANSIBLE_DIR.parent / "monitoring/prometheus.yml").read_text())
     assert prom["global"] == source["global"]
-    assert jobs["runner"] == next(j for j in source["scrape_configs"] if j["job_name"] == "runner")
+    assert jobs["runner"] == {"scrape_timeout": "1s",
+                              **next(j for j in source["scrape_configs"] if j["job_name"] == "runner")}
+    check = subprocess.run(["promtool", "check", "config", str(out / "prometheus/prometheus.yml")],
+                           capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
 
     ds = yaml.safe_load((out / "grafana/provisioning/datasources/runner.yml").read_text())
     uid = ds["datasources"][0]["uid"]
@@ -255,3 +261,31 @@ def test_monitoring_renders_prometheus_and_grafana_files(tmp_path: Path) -> None
 
     again = run_playbook(tmp_path, inv, "monitoring", ev, limit="localhost")
     assert again.ok and again.changed == 0  # idempotent: a rerun reloads nothing
+
+
+def test_monitoring_never_edits_a_job_of_the_users_own(tmp_path: Path, inventory) -> None:
+    """A config that already has a job named like one of runner's (Prometheus refuses duplicates): runner says
+    so and changes nothing, rather than renaming or dropping the user's job."""
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool is missing (Debian: apt-get install -y prometheus)")
+    prom = tmp_path / "prometheus.yml"
+    mine = "scrape_configs:\n  - job_name: runner-sidecar\n    static_configs:\n      - targets: ['10.0.0.1:1']\n"
+    prom.write_text(mine)
+    ev = {"monitoring_become": False, "monitoring_manage_services": False, "monitoring_grafana": False,
+          "monitoring_prometheus_config": str(prom)}
+    r = run_playbook(tmp_path, inventory(), "monitoring", ev)
+    assert not r.ok
+    (msg,) = r.failures
+    assert "already has job(s) runner-sidecar outside runner's block" in msg
+    assert prom.read_text() == mine and not list(tmp_path.glob("prometheus.yml.*"))
+
+
+def test_monitoring_without_promtool_says_what_to_install(tmp_path: Path, inventory) -> None:
+    ev = {"monitoring_become": False, "monitoring_manage_services": False, "monitoring_grafana": False,
+          "monitoring_prometheus_config": str(tmp_path / "prometheus.yml"),
+          "monitoring_promtool": str(tmp_path / "no-promtool")}
+    r = run_playbook(tmp_path, inventory(), "monitoring", ev)
+    (msg,) = r.failures
+    assert "promtool" in msg and "pacman -S prometheus" in msg and "apt install prometheus" in msg
+    assert not (tmp_path / "prometheus.yml").exists()
+    assert "localhost NOT READY: monitoring:" in "\n".join(r.summary) and "--tags monitoring -K" in "\n".join(r.summary)
