@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ANSIBLE_DIR, run_playbook
+from conftest import ANSIBLE_DIR, local_inventory, run_playbook
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_env")]
 
@@ -211,7 +211,8 @@ def test_dcgm_exporter_leaves_a_foreign_container_alone(tmp_path: Path, inventor
     before = subprocess.run(["docker", "inspect", "--format", "{{.Id}} {{.Created}}", name], capture_output=True,
                             text=True, check=True).stdout
     r = run_playbook(tmp_path, inventory(), "meters_dcgm", {"meters_dcgm_container": name}, check=True)
-    assert not r.ok
+    # dcgm-exporter is optional: the run goes on, and the summary says why it is not ready.
+    assert "localhost NOT READY (optional): meters_dcgm" in "\n".join(r.summary)
     assert any("without runner's label" in m and "not runner's to replace" in m for m in r.failures), r.failures
     after = subprocess.run(["docker", "inspect", "--format", "{{.Id}} {{.Created}}", name], capture_output=True,
                            text=True, check=True).stdout
@@ -243,8 +244,9 @@ def test_monitoring_renders_prometheus_and_grafana_files(tmp_path: Path) -> None
     assert jobs["runner-sidecar"]["static_configs"][0]["targets"] == ["192.168.0.39:9500"]
     source = yaml.safe_load((ANSIBLE_DIR.parent / "monitoring/prometheus.yml").read_text())
     assert prom["global"] == source["global"]
-    assert jobs["runner"] == {"scrape_timeout": "1s",
-                              **next(j for j in source["scrape_configs"] if j["job_name"] == "runner")}
+    runner_job = next(j for j in source["scrape_configs"] if j["job_name"] == "runner")
+    # The timeout is spelled out per job (a user's global one may exceed the job's interval): the interval.
+    assert jobs["runner"] == {"scrape_timeout": runner_job["scrape_interval"], **runner_job}
     check = subprocess.run(["promtool", "check", "config", str(out / "prometheus/prometheus.yml")],
                            capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
@@ -263,7 +265,7 @@ def test_monitoring_renders_prometheus_and_grafana_files(tmp_path: Path) -> None
     assert again.ok and again.changed == 0  # idempotent: a rerun reloads nothing
 
 
-def test_monitoring_never_edits_a_job_of_the_users_own(tmp_path: Path, inventory) -> None:
+def test_monitoring_never_edits_a_job_of_the_users_own(tmp_path: Path) -> None:
     """A config that already has a job named like one of runner's (Prometheus refuses duplicates): runner says
     so and changes nothing, rather than renaming or dropping the user's job."""
     if shutil.which("promtool") is None:
@@ -273,18 +275,18 @@ def test_monitoring_never_edits_a_job_of_the_users_own(tmp_path: Path, inventory
     prom.write_text(mine)
     ev = {"monitoring_become": False, "monitoring_manage_services": False, "monitoring_grafana": False,
           "monitoring_prometheus_config": str(prom)}
-    r = run_playbook(tmp_path, inventory(), "monitoring", ev)
+    r = run_playbook(tmp_path, local_inventory(tmp_path / "inventory.yml", group="monitor"), "monitoring", ev)
     assert not r.ok
     (msg,) = r.failures
     assert "already has job(s) runner-sidecar outside runner's block" in msg
     assert prom.read_text() == mine and not list(tmp_path.glob("prometheus.yml.*"))
 
 
-def test_monitoring_without_promtool_says_what_to_install(tmp_path: Path, inventory) -> None:
+def test_monitoring_without_promtool_says_what_to_install(tmp_path: Path) -> None:
     ev = {"monitoring_become": False, "monitoring_manage_services": False, "monitoring_grafana": False,
           "monitoring_prometheus_config": str(tmp_path / "prometheus.yml"),
           "monitoring_promtool": str(tmp_path / "no-promtool")}
-    r = run_playbook(tmp_path, inventory(), "monitoring", ev)
+    r = run_playbook(tmp_path, local_inventory(tmp_path / "inventory.yml", group="monitor"), "monitoring", ev)
     (msg,) = r.failures
     assert "promtool" in msg and "pacman -S prometheus" in msg and "apt install prometheus" in msg
     assert not (tmp_path / "prometheus.yml").exists()
