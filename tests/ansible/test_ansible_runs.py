@@ -291,3 +291,13 @@ def test_monitoring_without_promtool_says_what_to_install(tmp_path: Path) -> Non
     assert "promtool" in msg and "pacman -S prometheus" in msg and "apt install prometheus" in msg
     assert not (tmp_path / "prometheus.yml").exists()
     assert "localhost NOT READY: monitoring:" in "\n".join(r.summary) and "--tags monitoring -K" in "\n".join(r.summary)
+
+
+def test_sidecar_without_a_user_systemd_manager_says_what_to_do(tmp_path: Path, inventory) -> None:
+    # This machine's PID 1 is not systemd: no user manager answers for the connecting user.
+    if subprocess.run(["systemctl", "--user", "show", "--property=Version"], capture_output=True).returncode == 0:
+        pytest.skip("a user systemd manager answers here")
+    r = run_playbook(tmp_path, inventory(), "meters_sidecar", {"meters_sidecar_home": str(tmp_path / "meter")})
+    (msg,) = r.failures
+    assert "no systemd user manager for" in msg and "loginctl enable-linger" in msg
+    assert not (tmp_path / "meter").exists()  # stopped before anything was written
