@@ -18,7 +18,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -172,10 +172,8 @@ Host 127.0.0.1
         for cg in cgroups:
             for procs_file in cg.rglob("cgroup.procs") if cg.exists() else ():
                 for pid in procs_file.read_text().split():
-                    try:
+                    with suppress(ProcessLookupError):
                         os.kill(int(pid), 9)
-                    except ProcessLookupError:
-                        pass
         # SSH sessions still open (a client's ControlPersist) run as the user, who did not exist before this
         # test: end them by PID too, or userdel refuses.
         for proc_dir in Path("/proc").iterdir():

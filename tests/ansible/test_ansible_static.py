@@ -114,4 +114,17 @@ def _tasks(doc):
         for t in doc:
             if isinstance(t, dict):
                 yield t
-                yield from _tasks(t.get("block", []))
+                for section in ("block", "rescue", "always"):
+                    yield from _tasks(t.get(section, []))
+
+
+def test_only_ansible_core_modules() -> None:
+    """Arch hosts and offline workstations have ansible-core only: no community.* collection may be needed
+    (ansible.builtin.package on pacman would silently need community.general.pacman, so pacman is called)."""
+    for f in (ANSIBLE_DIR / "roles").rglob("*.yml"):
+        for doc in yaml.safe_load_all(f.read_text()):
+            for task in _tasks(doc):
+                modules = [k for k in task if "." in k and not k.startswith("ansible.builtin.")]
+                assert not modules, f"{f}: {task.get('name')}: {modules}"
+    packages = (ANSIBLE_DIR / "roles/packages/tasks/main.yml").read_text()
+    assert "pacman" in packages and "ansible_facts.pkg_mgr" in packages
