@@ -185,6 +185,7 @@ def test_real_run_sidecar_up_despite_dcgm_and_an_unreachable_host(world, tmp_pat
     assert "localhost READY: monitoring" in summary, summary
     assert "rtx5080 NOT READY: reach: unreachable" in summary, summary
     assert "rtx3090 NOT READY: docker:" in summary and "could not select device driver" in summary, summary
+    assert "The hook is installed" in summary and "restart docker" in summary  # the stand-in hook is on PATH
     assert "rtx3090 NOT READY: serving_image:" in summary and "is missing" in summary
     assert "one to three hours" in summary and "GiB free" in summary and "-e serving_image_build=true" in summary
     assert "rtx3090 NOT READY (optional): meters_dcgm: meters: dcgm-exporter not started" in summary, summary
