@@ -1,8 +1,13 @@
 """Per-API request building and response parsing. Pure: bytes in, values out.
 
 `vllm-omni-chat` is vLLM-Omni's working image path (chat completions, references as data-URI image_url
-parts in order, generation parameters under a literal `extra_body` key); `openai-images` is the OpenAI
-images/generations shape (no references).
+parts in order, generation parameters under a literal `extra_body` key, which both the Dec-2025 snapshot and
+0.30 read); `openai-images` is the OpenAI images/generations shape (no references); `openai-images-edits`
+is the multipart images/edits route the OpenAI SDK uses for multi-image edits (vLLM-Omni 0.30: several
+`image[]` files plus steps / true_cfg_scale / seed form fields).
+
+The server's own peak (`peak_memory_mb`, MiB despite the name: bytes / 1024²) is read from every place a
+vLLM-Omni generation puts it, and recorded with where it came from and what it measures.
 """
 
 from __future__ import annotations
@@ -29,18 +34,49 @@ class ImageRequest:
 @dataclass(frozen=True)
 class HttpCall:
     path: str
-    body: dict[str, Any]
+    body: dict[str, Any]  # JSON body, or the form fields of a multipart call (when files are given)
+    files: tuple[tuple[str, tuple[str, bytes, str]], ...] = ()  # multipart: (field, (filename, data, mime))
+
+    def httpx_kwargs(self) -> dict[str, Any]:
+        """What httpx.Client.post needs to send this call."""
+        if self.files:
+            return {"data": {k: str(v) for k, v in self.body.items()}, "files": list(self.files)}
+        return {"json": self.body}
+
+
+@dataclass(frozen=True)
+class ServerPeak:
+    """A `peak_memory_mb` the server reported in its response."""
+
+    mib: float
+    source: str  # where in the response, e.g. "choices[0].message.content[0].peak_memory_mb"
+    measures: str  # "reserved" (vLLM-Omni 0.30: torch max_memory_reserved per request) or "unspecified"
 
 
 @dataclass(frozen=True)
 class Parsed:
     image: bytes | None
-    server_peak_mb: float | None
+    server_peak: ServerPeak | None
     problem: str | None  # why no image came back from a 200 response
 
 
 def _data_uri(mime: str, data: bytes) -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+def _build_edits(req: ImageRequest) -> HttpCall:
+    """POST /v1/images/edits, multipart: one `image[]` part per reference, in order."""
+    form: dict[str, Any] = {"model": req.model, "prompt": req.prompt, "n": 1, "response_format": "b64_json",
+                            "seed": req.seed, "num_inference_steps": req.steps}
+    if req.size:
+        form["size"] = f"{req.size[0]}x{req.size[1]}"
+    if req.true_cfg_scale is not None:
+        form["true_cfg_scale"] = req.true_cfg_scale
+    if req.negative_prompt is not None:
+        form["negative_prompt"] = req.negative_prompt
+    ext = {"image/png": "png", "image/jpeg": "jpg", "image/webp": "webp"}
+    files = tuple(("image[]", (f"ref-{i + 1}.{ext.get(m, 'bin')}", d, m)) for i, (m, d) in enumerate(req.references))
+    return HttpCall("/v1/images/edits", form, files)
 
 
 def build(dialect: str, req: ImageRequest) -> HttpCall:
@@ -68,6 +104,8 @@ def build(dialect: str, req: ImageRequest) -> HttpCall:
         if req.negative_prompt is not None:
             body["negative_prompt"] = req.negative_prompt
         return HttpCall("/v1/images/generations", body)
+    if dialect == "openai-images-edits":
+        return _build_edits(req)
     raise ValueError(f"unknown dialect {dialect!r}")
 
 
@@ -80,9 +118,28 @@ def _b64(text: str) -> bytes | None:
         return None
 
 
-def _peak(doc: dict[str, Any]) -> float | None:
-    value = doc.get("peak_memory_mb")
+def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def server_peak(doc: dict[str, Any]) -> ServerPeak | None:
+    """The first `peak_memory_mb` found, in the order vLLM-Omni generations put it:
+    0.30 chat: in each image part of choices[0].message.content (all parts carry the request's one figure);
+    0.30 images API (and multi-stage chat): metrics.peak_memory_mb; older shapes: a top-level field."""
+    try:
+        content = doc["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        content = None
+    if isinstance(content, list):
+        for i, part in enumerate(content):
+            if isinstance(part, dict) and (v := _number(part.get("peak_memory_mb"))) is not None:
+                return ServerPeak(v, f"choices[0].message.content[{i}].peak_memory_mb", "reserved")
+    metrics = doc.get("metrics")
+    if isinstance(metrics, dict) and (v := _number(metrics.get("peak_memory_mb"))) is not None:
+        return ServerPeak(v, "metrics.peak_memory_mb", "reserved")
+    if (v := _number(doc.get("peak_memory_mb"))) is not None:
+        return ServerPeak(v, "peak_memory_mb", "unspecified")
+    return None
 
 
 def parse(dialect: str, body: bytes) -> Parsed:
@@ -93,7 +150,7 @@ def parse(dialect: str, body: bytes) -> Parsed:
         return Parsed(None, None, f"response is not JSON: {body[:80]!r}")
     if not isinstance(doc, dict):
         return Parsed(None, None, "response JSON is not an object")
-    peak = _peak(doc)
+    peak = server_peak(doc)
     if dialect == "vllm-omni-chat":
         try:
             content = doc["choices"][0]["message"]["content"]
@@ -103,7 +160,7 @@ def parse(dialect: str, body: bytes) -> Parsed:
             return Parsed(None, peak, f"content is text, not images: {content[:80]!r}")
         urls = [p.get("image_url", {}).get("url", "") for p in content
                 if isinstance(p, dict) and p.get("type") == "image_url"]
-    else:
+    else:  # openai-images and openai-images-edits answer in the same shape
         urls = [d.get("b64_json", "") for d in doc.get("data", []) if isinstance(d, dict)]
     if not urls:
         return Parsed(None, peak, "response holds no image")

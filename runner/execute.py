@@ -25,7 +25,7 @@ from PIL import Image
 from runner import backends, baseline, dialects, policy, scoring
 from runner.backends.base import RunningServer, ServerSpec, StartFailed
 from runner.events import Events
-from runner.failures import classify_request
+from runner.failures import classify_request, references_dropped
 from runner.matrix import Matrix
 from runner.meters import Meter, build_meters, idle_baseline
 from runner.pending import Pending, pending
@@ -138,7 +138,7 @@ class Observed:
 
     failure: Failure | None
     image_bytes: bytes | None
-    server_peak_mb: float | None
+    server_peak: dialects.ServerPeak | None  # the response's own peak_memory_mb, where and what
 
 
 @dataclass(frozen=True)
@@ -204,7 +204,7 @@ class SessionRunner:
         t0 = time.time()
         status, content, timed_out = None, b"", False
         try:
-            response = client.post(server.base_url + call.path, json=call.body,
+            response = client.post(server.base_url + call.path, **call.httpx_kwargs(),
                                    timeout=httpx.Timeout(self.run.request_timeout_s, connect=10.0))
             status, content = response.status_code, response.content
         except httpx.TimeoutException:
@@ -222,7 +222,7 @@ class SessionRunner:
         return HttpResult(status, content, timed_out, t0, t1, server.read_log(log0),
                           None if exit_info is None else exit_info.code)
 
-    def _observe(self, sent: HttpResult) -> Observed:
+    def _observe(self, sent: HttpResult, references: int) -> Observed:
         """What the session policy needs now (OOM? server lost?); the image is decoded on the scoring worker,
         where an undecodable one becomes a bad_response record."""
         parsed = dialects.parse(self.profile.dialect, sent.content) if sent.status == 200 else None
@@ -230,10 +230,11 @@ class SessionRunner:
         problem = parsed.problem if parsed else None
         failure = classify_request(http_status=sent.status, body=sent.content[:4000].decode("utf-8", "replace"),
                                    log_window=sent.log_window, timed_out=sent.timed_out,
-                                   server_exit=sent.exit_code, parse_problem=problem)
+                                   server_exit=sent.exit_code, parse_problem=problem) or references_dropped(
+            log_window=sent.log_window, sent=references, http_status=sent.status)
         if failure is None and image_bytes is None:
             failure = Failure(FailureClass.BAD_RESPONSE, problem or "no image", ())
-        return Observed(failure, image_bytes if failure is None else None, parsed.server_peak_mb if parsed else None)
+        return Observed(failure, image_bytes if failure is None else None, parsed.server_peak if parsed else None)
 
     def execute(self, client: httpx.Client, server: RunningServer, meters: list[Meter], step: Step,
                 attempt: int, determinism_resend: bool) -> StepRecord | Served:
@@ -248,13 +249,13 @@ class SessionRunner:
         first: Observed | None = None
         failure: Failure | None = None
         different: bytes | None = None
-        peaks_mb: list[float] = []
+        reported: list[dialects.ServerPeak] = []
         for i in range(total):
             sent = self._send(client, server, call)
             sends.append(sent)
-            seen = self._observe(sent)
-            if seen.server_peak_mb is not None:
-                peaks_mb.append(seen.server_peak_mb)
+            seen = self._observe(sent, step.references)
+            if seen.server_peak is not None:
+                reported.append(seen.server_peak)
             if seen.failure is not None:
                 failure = seen.failure if i == 0 else replace(
                     seen.failure, message=f"send {i + 1} of {total} of the same request: {seen.failure.message}")
@@ -265,13 +266,15 @@ class SessionRunner:
                 different = seen.image_bytes
         last = sends[-1]
         peaks = _with_response_peak([m.window_peak(sends[0].t0, last.t1) for m in meters],
-                                    max(peaks_mb) if peaks_mb else None)
+                                    max(p.mib for p in reported) if reported else None)
         request = {"dialect": self.profile.dialect, "path": call.path, "steps": self.run.steps,
                    "size": list(self.run.size) if self.run.size else None, "seed": step.seed,
                    "sends": len(sends), "references": [self.refs.digest(p) for p in refs]}
         common = dict(attempt=attempt, started_at=sends[0].t0, wall_s=sends[0].wall_s,
                       wall_samples_s=tuple(s.wall_s for s in sends[:timed] if s is not last or failure is None),
-                      peaks=peaks, request=request, server_peak_mb=peaks_mb[0] if peaks_mb else None)
+                      peaks=peaks, request=request, server_peak_mib=reported[0].mib if reported else None,
+                      server_peak_source=reported[0].source if reported else None,
+                      server_peak_measures=reported[0].measures if reported else None)
         if failure is not None:
             lost = failure.kind in RESTART_AFTER or last.exit_code is not None
             record = self._base(step, Status.FAILED, failure=failure, lost=lost, **common)

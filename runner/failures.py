@@ -83,6 +83,32 @@ def classify_request(*, http_status: int | None, body: str, log_window: str, tim
     return None
 
 
+DROPPED_REF = re.compile(r"Failed to decode reference image")
+RECEIVED_REFS = re.compile(r"ref_images=(\d+)")
+
+
+def references_dropped(*, log_window: str, sent: int, http_status: int | None) -> Failure | None:
+    """A served request whose server used fewer references than were sent → a failure, else None.
+
+    vLLM-Omni 0.30 logs "Failed to decode reference image: ..." per reference it cannot decode and serves
+    the request without it (HTTP 200); it also logs "Diffusion chat request <id>: ref_images=N" with the
+    count it received (a count below `sent` means references were lost before decoding). The response
+    itself carries no count, so the request's log window is the evidence."""
+    if sent <= 0:
+        return None
+    lines = log_window.splitlines()
+    drops = [ln.strip()[:400] for ln in lines if DROPPED_REF.search(ln)]
+    counts = [int(m.group(1)) for ln in lines if (m := RECEIVED_REFS.search(ln))]
+    received = counts[-1] if counts else sent
+    served = min(received, sent) - len(drops)
+    if served >= sent:
+        return None
+    evidence = tuple(drops) or tuple(ln.strip()[:400] for ln in lines if RECEIVED_REFS.search(ln))[-1:]
+    return Failure(FailureClass.REFERENCES_DROPPED,
+                   f"HTTP {http_status} with an image, but the server served {max(served, 0)} of {sent} "
+                   "references (the rest were dropped)", evidence[:4], http_status)
+
+
 def classify_start(*, exit_code: int | None, oom_killed: bool, timed_out: bool, log_tail: str) -> Failure:
     """A server that never became ready → why."""
     ooms = oom_lines(log_tail)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import sys
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -363,7 +364,19 @@ def _run(file: Path, t: _Table, base: Path) -> RunSettings:
         sample_hz=float(t.positive("sample_hz", (int, float), 20, maximum=1000)),
     )
     t.done()
+    if (why := cfg_warning(run)) is not None:
+        print(f"runner: warning: {file}: {why}", file=sys.stderr)
     return run
+
+
+def cfg_warning(run: RunSettings) -> str | None:
+    """vLLM-Omni 0.30 runs true CFG only when `true_cfg_scale > 1` *and* a negative prompt is sent
+    (pipeline_qwen_image_edit_plus.py), so a matrix without one measures single-pass generation."""
+    if run.true_cfg_scale is None or run.negative_prompt is not None:
+        return None
+    return (f"[run] true_cfg_scale = {run.true_cfg_scale:g} without negative_prompt: vLLM-Omni 0.30 runs true "
+            "CFG only when a negative prompt is sent, so these requests run single-pass there "
+            "(set negative_prompt = \" \" to get CFG)")
 
 
 def _server(file: Path, name: str, t: _Table) -> ServerProfile:

@@ -15,7 +15,8 @@ from typing import Any, ClassVar
 from runner.vocab import Backend, MemoryMetric, Role
 
 # 2: implied_by, wall_samples_s, schema_version; a start may be open (stopped_at null) after a kill
-SCHEMA_VERSION = 2
+# 3: server_peak_mb -> server_peak_mib + server_peak_source + server_peak_measures; failure references_dropped
+SCHEMA_VERSION = 3
 
 
 def _schema(*, default: Any = ..., required: bool = False, **constraints: Any) -> Any:
@@ -40,6 +41,9 @@ class FailureClass(StrEnum):
     HTTP_ERROR = "http_error"  # an error status without OOM evidence
     BAD_RESPONSE = "bad_response"  # 200 but no decodable image (malformed JSON, no image, bad PNG)
     CONNECTION = "connection"  # could not talk to a live server
+    # 200 with an image, but the server served fewer references than were sent (vLLM-Omni 0.30 logs "Failed
+    # to decode reference image" and drops it): the step did not test n references, so it never counts at n
+    REFERENCES_DROPPED = "references_dropped"
 
 
 @dataclass(frozen=True)
@@ -130,7 +134,12 @@ class StepRecord:
     lost: bool = False  # in flight when the server died
     image: str | None = None  # PNG file name beside the record
     image_sha256: str | None = None
-    server_peak_mb: float | None = None  # a `peak_memory_mb` the server reported in its response
+    # The server's own peak from its response (`peak_memory_mb`; the value is MiB: bytes / 1024²), where in
+    # the response it was found, and what it measures ("reserved": vLLM-Omni 0.30's torch
+    # max_memory_reserved for the request; "unspecified": an older top-level field of unknown meaning).
+    server_peak_mib: float | None = None
+    server_peak_source: str | None = None
+    server_peak_measures: str | None = _schema(default=None, enum=["reserved", "unspecified", None])
     peaks: tuple[Peak, ...] = _schema(required=True, default=())
     scores: Scores | None = None
     deterministic: bool | None = None  # the request sent again (repeats / first-step check): same bytes?
@@ -152,6 +161,12 @@ class StepRecord:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> StepRecord:
+        d = dict(d)
+        if "server_peak_mb" in d:  # records written before the rename: a top-level figure, meaning unknown
+            d["server_peak_mib"] = d.pop("server_peak_mb")
+            if d["server_peak_mib"] is not None:
+                d.setdefault("server_peak_source", "peak_memory_mb")
+                d.setdefault("server_peak_measures", "unspecified")
         return cls(**{
             "schema_version": 1,  # files written before records carried their version
             **d,

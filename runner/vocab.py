@@ -10,6 +10,7 @@ from enum import StrEnum
 class Dialect(StrEnum):
     VLLM_OMNI_CHAT = "vllm-omni-chat"  # chat completions, ordered image_url references, literal extra_body
     OPENAI_IMAGES = "openai-images"  # images/generations (no references)
+    OPENAI_IMAGES_EDITS = "openai-images-edits"  # multipart images/edits, one image[] part per reference
 
 
 class Backend(StrEnum):

@@ -1,21 +1,47 @@
-"""Server-reported device memory: a gauge scraped from the server's own /metrics (the reference server
-exports `refserver_device_memory_bytes`; vLLM-Omni exports none, which is recorded as such)."""
+"""Server-reported device memory, scraped from the server's own /metrics.
+
+Two gauges are known, and they mean different things:
+- `refserver_device_memory_bytes` (the reference server): device memory in use *now*; polled, and a
+  window's peak is the largest sample in it.
+- `vllm_omni:peak_memory_mb{model_name,stage}` (vLLM-Omni 0.30, exported with `--log-stats`): the *last
+  finished request's* peak per stage, in MiB of PyTorch's reserved memory, set only when a request produced
+  output. Polling it during a request shows the previous request's figure, so a window's peak is read once,
+  right after the response, and compared with the value before the request.
+A server with neither gauge is recorded as such (the Dec-2025 snapshot exports none).
+"""
 
 from __future__ import annotations
+
+from bisect import bisect_right
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from runner.backends.base import RunningServer
 from runner.meters.base import PolledMeter, SourceUnavailable, fetch_text
+from runner.records import Peak
 
 DEVICE_GAUGES = ("refserver_device_memory_bytes",)
+PEAK_GAUGES = ("vllm_omni:peak_memory_mb",)  # MiB per stage, last request's reserved peak
+MIB = 2**20
 
 
 def gauge_value(text: str, names: tuple[str, ...]) -> float | None:
+    """The largest sample of the first family named (over labels, e.g. stages), or None."""
     for family in text_string_to_metric_families(text):
         if family.name in names and family.samples:
             return max(s.value for s in family.samples)
+    return None
+
+
+def read_gauges(text: str) -> tuple[str, int] | None:
+    """("current", bytes) from the reference server's gauge, ("last-peak", bytes) from vLLM-Omni's."""
+    value = gauge_value(text, DEVICE_GAUGES)
+    if value is not None:
+        return "current", int(value)
+    value = gauge_value(text, PEAK_GAUGES)
+    if value is not None:
+        return "last-peak", int(value * MIB)
     return None
 
 
@@ -25,6 +51,7 @@ class ServerMetricsMeter(PolledMeter):
         self.server = server
         self.client = httpx.Client(timeout=2.0)
         self.absent: str | None = None  # set once the server answered without any memory gauge
+        self.kind: str | None = None  # "current" or "last-peak", once seen
 
     @property
     def url(self) -> str:
@@ -33,12 +60,29 @@ class ServerMetricsMeter(PolledMeter):
     def read(self) -> int:
         if self.absent:  # a server that answers without the gauge will not grow one: stop asking it
             raise SourceUnavailable(self.absent)
-        text = fetch_text(self.client, self.url)
-        value = gauge_value(text, DEVICE_GAUGES)
-        if value is None:
-            self.absent = f"{self.url} exports no device-memory gauge ({', '.join(DEVICE_GAUGES)})"
+        got = read_gauges(fetch_text(self.client, self.url))
+        if got is None:
+            self.absent = (f"{self.url} exports no device-memory gauge ({', '.join(DEVICE_GAUGES + PEAK_GAUGES)}"
+                           "; vLLM-Omni 0.30 exports vllm_omni:peak_memory_mb only with --log-stats)")
             raise SourceUnavailable(self.absent)
-        return int(value)
+        self.kind = got[0]
+        return got[1]
+
+    def window_peak(self, t0: float, t1: float) -> Peak:
+        if self.kind != "last-peak":
+            return super().window_peak(t0, t1)
+        try:
+            after = self.read()  # the gauge was set before the response went out
+        except Exception as exc:  # a meter never takes the run down
+            return Peak(self.source, self.metric, None, 0, None, False, f"no reading after the request: {exc}")
+        with self._lock:
+            i = bisect_right(self._t, t0)
+            before = self._v[i - 1] if i else None
+        what = "vllm_omni:peak_memory_mb (reserved, this request, read after the response)"
+        if before is not None and before == after:
+            what += "; equal to the value before the request: it is set only on success, so it may be the " \
+                    "previous request's"
+        return Peak(self.source, self.metric, after, 1, None, True, what)
 
     def stop(self) -> None:
         super().stop()

@@ -31,8 +31,8 @@ from runner.refserver.protocol import BadRequest, error_body
 
 log = logging.getLogger("refserver")
 
-# What vLLM-Omni's client saw on a mid-request CUDA OOM: a 500 whose message hides the cause; the OOM
-# text is only in the server log.
+# What the Dec-2025 snapshot's client saw on a mid-request CUDA OOM: a 500 whose message hides the cause;
+# the OOM text is only in the server log. 0.30 answers "Image generation failed: <the error text>".
 GENERATION_FAILED = "Internal server error: generation failed"
 
 
@@ -62,17 +62,30 @@ class Service:
         self.counter = itertools.count(1)
         self.stopping = threading.Event()  # releases hung requests at shutdown
 
-    def execute(self, n: int, endpoint: str, raw: bytes, rid: str) -> Reply:
+    def parse(self, endpoint: str, raw: Any) -> protocol.Parsed:
+        c = self.config
+        if endpoint == "edits":
+            form, files = raw
+            return protocol.parse_edits(form, files, c.preset, c.model_name, c.api)
+        body = json.loads(raw)
+        if endpoint == "chat":
+            return protocol.parse_chat(body, c.preset, c.api)
+        return protocol.parse_images(body, c.preset, c.model_name, c.api)
+
+    def execute(self, n: int, endpoint: str, raw: Any, rid: str) -> Reply:
         t0 = time.perf_counter()
         faults = self.config.faults.for_request(n)
         try:
-            body = json.loads(raw)
-            parse = protocol.parse_chat if endpoint == "chat" else protocol.parse_images
-            req = parse(body, self.config.preset)
+            parsed = self.parse(endpoint, raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             return self._bad(n, rid, endpoint, t0, f"invalid JSON body: {exc}", None)
         except BadRequest as exc:
             return self._bad(n, rid, endpoint, t0, exc.message, exc.param)
+        req = parsed.request
+        if endpoint == "chat":  # vLLM-Omni 0.30's own lines: the count received, then each one dropped
+            log.info("Diffusion chat request %s: ref_images=%d", rid, parsed.received_refs)
+            for why in parsed.dropped:
+                log.warning("%s: %s", protocol.DROPPED_WARNING, why)
         with self.lock:
             queue_s = time.perf_counter() - t0
             log.info("request %d id=%s start endpoint=%s refs=%d size=%dx%d steps=%d seed=%d true_cfg=%.2f "
@@ -90,8 +103,10 @@ class Service:
                     log.error("request %d id=%s generation failed: %s", n, rid, exc)
                 else:
                     log.exception("request %d id=%s generation failed", n, rid)
+                message = (GENERATION_FAILED if self.config.oom_reply == "mangled"
+                           else f"Image generation failed: {exc}")
                 del exc
-                reply = Reply(500, error_body(GENERATION_FAILED, "InternalServerError", 500))
+                reply = Reply(500, error_body(message, "InternalServerError", 500))
             else:
                 reply = self._ok(n, endpoint, req, result, rid, faults)
             finally:
@@ -99,9 +114,10 @@ class Service:
                 if self.engine.device.type == "cuda":
                     torch.cuda.empty_cache()
             peak_mb = self.engine.mem.peak() / 2**20
-            log.info("request %d id=%s done status=%d queue_s=%.3f run_s=%.3f total_s=%.3f peak_mb=%.2f",
-                     n, rid, reply.status, queue_s, time.perf_counter() - t0 - queue_s,
-                     time.perf_counter() - t0, peak_mb)
+            reserved_mb = self.engine.mem.peak_reserved() / 2**20
+            log.info("request %d id=%s done status=%d queue_s=%.3f run_s=%.3f total_s=%.3f peak_mb=%.2f "
+                     "peak_reserved_mb=%.2f", n, rid, reply.status, queue_s, time.perf_counter() - t0 - queue_s,
+                     time.perf_counter() - t0, peak_mb, reserved_mb)
             _flush_logs()
             return reply
 
@@ -130,11 +146,15 @@ class Service:
             faults: frozenset[str]) -> Reply:
         images = [apply_image_faults(im, req, faults, n) for im in result.images]
         pngs = None if "no-image" in faults else [png_bytes(im) for im in images]
-        peak_mb = result.peak_bytes / 2**20
+        api = self.config.api
+        self.metrics.peak_memory(result.peak_reserved_bytes / 2**20)
+        # 0.30 reports the allocator's reserved high-water mark; the older refserver shape, allocated
+        peak_mb = (result.peak_reserved_bytes if api == "0.30" else result.peak_bytes) / 2**20
         if endpoint == "chat":
-            body = protocol.chat_response(self.config.model_name, pngs, result.text_tokens, peak_mb, rid)
+            body = protocol.chat_response(self.config.model_name, pngs, result.text_tokens, peak_mb, rid, api,
+                                          result.seconds)
         else:
-            body = protocol.images_response(pngs, peak_mb)
+            body = protocol.images_response(pngs, peak_mb, api, result.seconds, (req.width, req.height))
         if "malformed-json" in faults:
             text = json.dumps(body)
             return Reply(200, text[: max(1, len(text) // 2)])
@@ -156,7 +176,7 @@ def apply_image_faults(img: Image.Image, req: GenerationRequest, faults: frozens
 
 
 def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
-    metrics = Metrics(engine)
+    metrics = Metrics(engine, config)
     service = Service(engine, config, metrics)
 
     @asynccontextmanager
@@ -169,7 +189,15 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict[str, str]:
-        return {"status": "ok"}
+        return {"status": "healthy" if config.api == "0.30" else "ok"}
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        if config.api != "0.30":  # the snapshot's pure-diffusion mode answered a plain-text 500
+            return Response("Internal Server Error", status_code=500, media_type="text/plain")
+        return JSONResponse({"object": "list", "data": [
+            {"id": config.model_name, "object": "model", "created": int(time.time()), "owned_by": "vllm-omni",
+             "root": config.model_name, "parent": None, "max_model_len": None, "permission": []}]})
 
     @app.get("/metrics")
     async def metrics_endpoint() -> Response:
@@ -194,5 +222,23 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
     @app.post("/v1/images/generations")
     async def images(request: Request) -> Response:
         return await generate(request, "images")
+
+    if config.api == "0.30":
+        @app.post("/v1/images/edits")
+        async def edits(request: Request) -> Response:
+            n = next(service.counter)
+            rid = protocol.new_request_id()
+            t0 = time.perf_counter()
+            form = await request.form()
+            files: list[tuple[str, bytes]] = []
+            fields: dict[str, Any] = {}
+            for key, value in form.multi_items():
+                if key in ("image", "image[]") and not isinstance(value, str):
+                    files.append((value.filename or key, await value.read()))
+                elif isinstance(value, str):
+                    fields[key] = value
+            reply = await anyio.to_thread.run_sync(service.execute, n, "edits", (fields, files), rid)
+            metrics.observe(reply.status, time.perf_counter() - t0)
+            return reply.response()
 
     return app

@@ -7,7 +7,15 @@ import logging
 import sys
 import time
 
-from runner.refserver.config import CACHE_MODES, DTYPES, PRESETS, QUANTIZATIONS, ServerConfig, resolve_preset
+from runner.refserver.config import (
+    API_GENERATIONS,
+    CACHE_MODES,
+    DTYPES,
+    PRESETS,
+    QUANTIZATIONS,
+    ServerConfig,
+    resolve_preset,
+)
 from runner.refserver.faults import FaultPlan
 
 log = logging.getLogger("refserver")
@@ -22,24 +30,49 @@ def build_parser() -> argparse.ArgumentParser:
         prog="runner refserver",
         description="Reference diffusion server: a small real diffusion transformer behind vLLM-Omni's API.",
     )
+    ap.add_argument("model_path", nargs="?", metavar="MODEL",
+                    help="vLLM-Omni's positional model: a preset name selects that preset; anything else is "
+                         "only the default served model name (no weights are read)")
     ap.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     ap.add_argument("--port", type=int, default=8000, help="port to bind after the model loads (default 8000)")
-    ap.add_argument("--model", default="refserver", help="served model name echoed in responses")
-    ap.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="model size preset (default tiny)")
+    ap.add_argument("--model", "--served-model-name", dest="model",
+                    help="served model name echoed in responses (default: MODEL, else refserver)")
+    ap.add_argument("--preset", choices=sorted(PRESETS), help="model size preset (default tiny)")
     ap.add_argument("--dim", type=int, help="override the preset's hidden size")
     ap.add_argument("--layers", type=int, help="override the preset's number of blocks")
     ap.add_argument("--heads", type=int, help="override the preset's attention heads")
     ap.add_argument("--ref-tokens", type=int, help="override tokens per reference image (a perfect square)")
+    ap.add_argument("--max-refs", type=int, help="references served per request (default 4, as vLLM-Omni 0.30 "
+                    "for Qwen-Image-Edit-Plus; at most 16)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
     ap.add_argument("--dtype", choices=DTYPES, help="compute dtype (default float32 on cpu, bfloat16 on cuda)")
     ap.add_argument("--quantization", default="none", choices=QUANTIZATIONS,
-                    help="int8: W8A8 linear layers in the blocks (int8 weight storage)")
-    ap.add_argument("--cpu-offload", action="store_true",
+                    help="int8: W8A8 linear layers in the blocks (int8 weight storage); fp8: the blocks' "
+                         "linear weights stored as float8 e4m3 with a per-output-channel scale")
+    ap.add_argument("--cpu-offload", "--enable-layerwise-offload", dest="layerwise", action="store_true",
                     help="blocks' weights live on the host and visit the device one block at a time")
+    ap.add_argument("--enable-cpu-offload", dest="module_offload", action="store_true",
+                    help="module-level offload: blocks' weights live on the host and move to the device "
+                         "together for each request (as vLLM-Omni swaps whole components); layerwise wins "
+                         "when both are given")
+    ap.add_argument("--enforce-eager", action="store_true", help="accepted: this server never compiles")
+    ap.add_argument("--omni", action="store_true", help="accepted: this server is always an omni server")
+    ap.add_argument("--log-stats", action="store_true",
+                    help="export the vllm_omni:* metric families (vllm_omni:peak_memory_mb), as vLLM-Omni")
+    ap.add_argument("--api", default="0.30", choices=API_GENERATIONS,
+                    help="which vLLM-Omni generation's HTTP behaviour to imitate (default 0.30)")
+    ap.add_argument("--oom-reply", choices=("detailed", "mangled"),
+                    help="a request OOM's 500: detailed carries the OOM text (0.30), mangled hides it in the "
+                         "log (2025-12); default follows --api")
     ap.add_argument("--cond-cache", default="device", choices=CACHE_MODES,
                     help="where the per-request conditioning K/V lives (default device)")
+    ap.add_argument("--pinned-pool", action=argparse.BooleanOptionalAction, default=True,
+                    help="host cond cache: reuse one pinned buffer across requests (default on)")
     ap.add_argument("--vram-gib", type=float,
                     help="device memory cap in GiB (CUDA: real cap; CPU: accounted budget)")
+    ap.add_argument("--cap-scope", choices=("whole-device", "allocator"), default="whole-device",
+                    help="CUDA: the cap covers the CUDA context and other non-PyTorch memory too "
+                         "(whole-device, as a real card) or only PyTorch's allocations (allocator)")
     ap.add_argument("--threads", type=int, help="torch threads (default 1 on cpu)")
     ap.add_argument("--seed-weights", type=int, default=0, help="seed of the random weights (default 0)")
     ap.add_argument("--fault", action="append", default=[], metavar="KIND[@N]",
@@ -50,18 +83,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
-    preset = resolve_preset(args.preset, args.dim, args.layers, args.ref_tokens, args.heads)
+    preset_name = args.preset or (args.model_path if args.model_path in PRESETS else "tiny")
+    preset = resolve_preset(preset_name, args.dim, args.layers, args.ref_tokens, args.heads, args.max_refs)
+    offload = "layerwise" if args.layerwise else "module" if args.module_offload else "none"
     device = args.device
     if device != "cpu" and not device.startswith("cuda"):
         raise ValueError(f"--device must be cpu or cuda[:N] (got {device!r})")
     dtype = args.dtype or ("float32" if device == "cpu" else "bfloat16")
     if args.vram_gib is not None and args.vram_gib <= 0:
         raise ValueError("--vram-gib must be > 0")
+    oom_reply = args.oom_reply or ("detailed" if args.api == "0.30" else "mangled")
     return ServerConfig(preset=preset, device=device, dtype=dtype, quantization=args.quantization,
-                        cpu_offload=args.cpu_offload, cond_cache=args.cond_cache, vram_gib=args.vram_gib,
-                        threads=args.threads, host=args.host, port=args.port, model_name=args.model,
+                        offload=offload, cond_cache=args.cond_cache, vram_gib=args.vram_gib,
+                        threads=args.threads, host=args.host, port=args.port,
+                        model_name=args.model or args.model_path or "refserver",
                         seed_weights=args.seed_weights, log_level=args.log_level,
-                        faults=FaultPlan.parse(args.fault))
+                        faults=FaultPlan.parse(args.fault), api=args.api, log_stats=args.log_stats,
+                        oom_reply=oom_reply, whole_device=args.cap_scope == "whole-device",
+                        pinned_pool=args.pinned_pool)
 
 
 def setup_logging(level: str) -> None:
@@ -100,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         engine = Engine(config)
+        engine.warm_up()  # CUDA only: lazily loaded kernels join the context before the cap is fitted
     except Exception as exc:
         if not is_oom(exc):
             raise

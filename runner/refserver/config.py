@@ -9,7 +9,11 @@ from runner.refserver.faults import FaultPlan
 
 CACHE_MODES = ("device", "host", "off")
 DTYPES = ("float32", "bfloat16", "float16")
-QUANTIZATIONS = ("none", "int8")
+QUANTIZATIONS = ("none", "int8", "fp8")
+OFFLOADS = ("none", "module", "layerwise")
+# Which vLLM-Omni generation's HTTP behaviour to imitate: "0.30" (the 0.30.0 release, default) or
+# "2025-12" (the Dec-2025 GitHub snapshot the seed's fork grew from). docs/refserver.md lists the differences.
+API_GENERATIONS = ("0.30", "2025-12")
 
 
 @dataclass(frozen=True)
@@ -27,7 +31,8 @@ class Preset:
     default_side: int = 128  # default output is about default_side² pixels
     max_pixels: int = 512 * 512
     max_side: int = 2048
-    max_refs: int = 16
+    max_refs: int = 16  # reference slots in the network (the embedding table's size)
+    ref_limit: int = 4  # references served per request (0.30: Qwen-Image-Edit-Plus's limit); --max-refs
     latent_channels: int = 4
     vae_factor: int = 8  # pixels per latent cell, as in an SD-style VAE
     patch: int = 2  # latent cells per token side
@@ -46,6 +51,8 @@ class Preset:
             raise ValueError(f"--ref-tokens must be a perfect square (got {self.ref_tokens})")
         if self.dim % self.heads or (self.dim // self.heads) % 2:
             raise ValueError(f"--dim {self.dim} must be a multiple of 2 x heads ({self.heads})")
+        if not 1 <= self.ref_limit <= self.max_refs:
+            raise ValueError(f"--max-refs must be between 1 and {self.max_refs} (got {self.ref_limit})")
         if self.layers < 1:
             raise ValueError(f"--layers must be >= 1 (got {self.layers})")
 
@@ -75,7 +82,7 @@ class ServerConfig:
     device: str = "cpu"
     dtype: str = "float32"
     quantization: str = "none"
-    cpu_offload: bool = False
+    offload: str = "none"  # none | module (all blocks moved in per request) | layerwise (one block at a time)
     cond_cache: str = "device"
     vram_gib: float | None = None
     threads: int | None = None
@@ -85,6 +92,15 @@ class ServerConfig:
     seed_weights: int = 0
     log_level: str = "info"
     faults: FaultPlan = field(default_factory=FaultPlan)
+    api: str = "0.30"
+    log_stats: bool = False  # vLLM-Omni exports its vllm_omni:* families only with --log-stats
+    oom_reply: str = "detailed"  # detailed: the 500 carries the OOM text (0.30); mangled: log only (2025-12)
+    whole_device: bool = True  # CUDA cap covers the CUDA context too (as a real card of vram_gib would)
+    pinned_pool: bool = True  # host cond cache reuses one pinned buffer instead of one per request
+
+    @property
+    def cpu_offload(self) -> bool:
+        return self.offload != "none"
 
     @property
     def vram_bytes(self) -> int | None:
@@ -92,13 +108,13 @@ class ServerConfig:
 
 
 def resolve_preset(name: str, dim: int | None, layers: int | None, ref_tokens: int | None,
-                   heads: int | None = None) -> Preset:
+                   heads: int | None = None, ref_limit: int | None = None) -> Preset:
     """The named preset with command-line overrides applied and checked."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
     preset = PRESETS[name]
     overrides = {k: v for k, v in (("dim", dim), ("layers", layers), ("ref_tokens", ref_tokens),
-                                   ("heads", heads)) if v is not None}
+                                   ("heads", heads), ("ref_limit", ref_limit)) if v is not None}
     if overrides:
         preset = replace(preset, **overrides)
     preset.validate()

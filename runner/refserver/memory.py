@@ -87,6 +87,13 @@ class DeviceMemory:
     def reset_peak(self) -> None:
         raise NotImplementedError
 
+    def peak_reserved(self) -> int:
+        """Peak of what the allocator held from the device since reset_peak() (the ledger: = peak)."""
+        return self.peak()
+
+    def fit_to_device(self) -> None:
+        """Make the cap cover the whole device usage (CUDA only)."""
+
 
 class AccountedMemory(DeviceMemory):
     def __init__(self, capacity: int | None) -> None:
@@ -146,14 +153,34 @@ class AccountedMemory(DeviceMemory):
 
 
 class CudaMemory(DeviceMemory):
-    def __init__(self, device: torch.device, capacity: int | None) -> None:
+    def __init__(self, device: torch.device, capacity: int | None, whole_device: bool = True) -> None:
         self.device = device
-        total = torch.cuda.get_device_properties(device).total_memory
-        if capacity is not None:
-            # A real cap on PyTorch's caching allocator (it cannot cap the CUDA context itself).
-            torch.cuda.set_per_process_memory_fraction(min(capacity / total, 1.0), device)
-        self.capacity = capacity if capacity is not None else total
+        self.total = torch.cuda.get_device_properties(device).total_memory
+        self.whole_device = whole_device and capacity is not None
+        self.non_pytorch = 0  # device memory in use outside PyTorch's allocator (CUDA context, cuBLAS, ...)
+        self.capacity = capacity if capacity is not None else self.total
         self._lifetime = 0
+        if capacity is not None:
+            # A real cap on PyTorch's caching allocator; fit_to_device() shrinks it by what the CUDA
+            # context and other non-PyTorch memory take, as they would on a real card of this size.
+            torch.cuda.set_per_process_memory_fraction(min(capacity / self.total, 1.0), device)
+            self.fit_to_device()
+
+    def device_used(self) -> int:
+        """Whole-device usage as NVML counts it (the emulating process is alone on the GPU)."""
+        free, total = torch.cuda.mem_get_info(self.device)
+        return total - free
+
+    def fit_to_device(self) -> None:
+        if not self.whole_device:
+            return
+        cap = self.capacity
+        self.non_pytorch = max(0, self.device_used() - torch.cuda.memory_reserved(self.device))
+        allowed = max(cap - self.non_pytorch, 0)
+        torch.cuda.set_per_process_memory_fraction(allowed / self.total, self.device)
+
+    def peak_reserved(self) -> int:
+        return torch.cuda.max_memory_reserved(self.device)
 
     def current(self) -> int:
         return torch.cuda.memory_allocated(self.device)
@@ -171,7 +198,8 @@ class CudaMemory(DeviceMemory):
         torch.cuda.reset_peak_memory_stats(self.device)
 
 
-def make_device_memory(device: torch.device, capacity: int | None) -> DeviceMemory:
+def make_device_memory(device: torch.device, capacity: int | None, whole_device: bool = True
+                       ) -> DeviceMemory:
     if device.type == "cuda":
-        return CudaMemory(device, capacity)
+        return CudaMemory(device, capacity, whole_device)
     return AccountedMemory(capacity)

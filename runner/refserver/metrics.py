@@ -6,14 +6,23 @@ import math
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from runner.refserver.config import ServerConfig
 from runner.refserver.engine import Engine
 
 BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, float("inf"))
 
 
 class Metrics:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, config: ServerConfig | None = None) -> None:
         r = self.registry = CollectorRegistry()
+        # vLLM-Omni 0.30's own gauge (exported with --log-stats): the last request's peak, in MB of the
+        # allocator's *reserved* memory, per stage; this server has one stage, "0".
+        self.vllm_peak = None
+        if config is not None and config.log_stats:
+            self.vllm_peak = Gauge("vllm_omni:peak_memory_mb", "Peak GPU memory in MB observed during a "
+                                   "stage's generation.", ["model_name", "stage"], registry=r)
+            self.vllm_peak.labels(model_name=config.model_name, stage="0")
+            self.model_name = config.model_name
         mem = engine.mem
         self.requests = Counter("refserver_requests", "Generation requests by HTTP status", ["status"],
                                 registry=r)
@@ -33,7 +42,12 @@ class Metrics:
         for placement in ("device", "host"):
             cache.labels(placement=placement).set_function(lambda p=placement: engine.cache_bytes[p])
         Gauge("refserver_host_pinned_bytes", "Pinned host memory now (host cond cache and offloaded "
-              "weights on CUDA; always 0 on CPU)", registry=r).set_function(lambda: engine.host_pinned_bytes)
+              "weights on CUDA, the reusable pinned pool included; always 0 on CPU)", registry=r).set_function(
+            lambda: engine.host_pinned_bytes + engine.pinned.nbytes)
+
+    def peak_memory(self, reserved_mb: float) -> None:
+        if self.vllm_peak is not None:
+            self.vllm_peak.labels(model_name=self.model_name, stage="0").set(max(reserved_mb, 0.0))
 
     def observe(self, status: int, seconds: float) -> None:
         self.requests.labels(status=str(status)).inc()

@@ -111,6 +111,27 @@ class Int8Linear(nn.Module):
         return F.linear(x, w, None if self.bias is None else self.bias.to(x.dtype))
 
 
+class Float8Linear(nn.Module):
+    """Weight-only fp8: float8 e4m3 weight storage with a per-output-channel scale (1 byte per weight, as
+    vLLM-Omni's `--quantization fp8` stores a diffusion transformer's linear weights), dequantized to the
+    compute dtype for the matmul."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        w = linear.weight.detach().float()
+        scale = w.abs().amax(dim=1).clamp_min(1e-8) / torch.finfo(torch.float8_e4m3fn).max
+        self.register_buffer("qweight", (w / scale[:, None]).to(torch.float8_e4m3fn))
+        self.register_buffer("scale", scale.to(linear.weight.dtype))
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
+
+    def forward(self, x: Tensor) -> Tensor:
+        w = self.qweight.to(x.dtype) * self.scale[:, None].to(x.dtype)
+        return F.linear(x, w, None if self.bias is None else self.bias.to(x.dtype))
+
+
+QUANTIZED = {"int8": Int8Linear, "fp8": Float8Linear}
+
+
 class Block(nn.Module):
     def __init__(self, dim: int, heads: int, mlp_ratio: int) -> None:
         super().__init__()
@@ -267,10 +288,10 @@ def init_unit(unit: nn.Module, prefix: str, device: torch.device, seed: int, dim
         param.copy_(torch.randn(param.shape, generator=g, device=device) * _init_std(full, param, dim))
 
 
-def quantize_linears(block: nn.Module) -> None:
+def quantize_linears(block: nn.Module, method: str = "int8") -> None:
     for name, child in list(block.named_children()):
         if isinstance(child, nn.Linear):
-            setattr(block, name, Int8Linear(child))
+            setattr(block, name, QUANTIZED[method](child))
 
 
 def module_bytes(m: nn.Module) -> int:

@@ -1,4 +1,8 @@
-"""vLLM-Omni's HTTP API subset: request bodies -> GenerationRequest, results -> response bodies."""
+"""vLLM-Omni's HTTP API subset: request bodies -> GenerationRequest, results -> response bodies.
+
+`api` picks the generation imitated: "0.30" (the 0.30.0 release) or "2025-12" (the Dec-2025 snapshot);
+docs/refserver.md tabulates the differences.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import random
 import re
 import secrets
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from PIL import Image
@@ -24,6 +29,22 @@ DEFAULT_TRUE_CFG = 4.0
 MAX_STEPS = 1000
 MAX_OUTPUTS = 8
 SIDE_MULTIPLE = 16
+
+
+# vLLM-Omni 0.30's chat fields that may sit at the request root as well as under `extra_body`
+# (serving_chat.py: common root fields + existing control fields); `cfg_scale` is an alias.
+ROOT_FIELDS = frozenset({"height", "width", "num_outputs_per_prompt", "seed", "quality", "num_inference_steps",
+                         "guidance_scale", "true_cfg_scale", "num_frames", "guidance_scale_2", "layers",
+                         "resolution", "size", "negative_prompt", "lora", "modalities"})
+ROOT_ALIASES = {"cfg_scale": "true_cfg_scale"}
+DROPPED_WARNING = "Failed to decode reference image"
+
+
+@dataclass(frozen=True)
+class Parsed:
+    request: GenerationRequest
+    received_refs: int  # references in the request, decodable or not
+    dropped: tuple[str, ...] = ()  # why each undecodable reference was dropped (0.30 serves without it)
 
 
 class BadRequest(Exception):
@@ -83,6 +104,12 @@ def default_size(preset: Preset, refs: tuple[Image.Image, ...]) -> tuple[int, in
     return min(width, preset.max_side), min(height, preset.max_side)
 
 
+def round_size(width: int, height: int) -> tuple[int, int]:
+    """0.30: sides are rounded down to a multiple of 16 (at least 16), not refused."""
+    return (max(SIDE_MULTIPLE, width // SIDE_MULTIPLE * SIDE_MULTIPLE),
+            max(SIDE_MULTIPLE, height // SIDE_MULTIPLE * SIDE_MULTIPLE))
+
+
 def check_size(preset: Preset, width: int, height: int, param: str) -> None:
     for name, v in (("width", width), ("height", height)):
         if v < SIDE_MULTIPLE or v % SIDE_MULTIPLE:
@@ -95,8 +122,8 @@ def check_size(preset: Preset, width: int, height: int, param: str) -> None:
 
 
 def _generation(preset: Preset, params: dict[str, Any], prompt: str, refs: tuple[Image.Image, ...],
-                outputs_key: str, prefix: str) -> GenerationRequest:
-    """The generation parameters shared by both endpoints; `prefix` names where they were read."""
+                outputs_key: str, prefix: str, api: str) -> GenerationRequest:
+    """The generation parameters shared by the endpoints; `prefix` names where they were read."""
     width, height = default_size(preset, refs)
     if params.get("size") is not None:
         width, height = _parse_size(params["size"], f"{prefix}size")
@@ -104,6 +131,8 @@ def _generation(preset: Preset, params: dict[str, Any], prompt: str, refs: tuple
         width = _int(params["width"], f"{prefix}width", 1, 1 << 20)
     if params.get("height") is not None:
         height = _int(params["height"], f"{prefix}height", 1, 1 << 20)
+    if api == "0.30":
+        width, height = round_size(width, height)
     check_size(preset, width, height, f"{prefix}size")
     steps = params.get("num_inference_steps")
     steps = DEFAULT_STEPS if steps is None else _int(steps, f"{prefix}num_inference_steps", 1, MAX_STEPS)
@@ -119,19 +148,53 @@ def _generation(preset: Preset, params: dict[str, Any], prompt: str, refs: tuple
     neg = params.get("negative_prompt")
     if neg is not None and not isinstance(neg, str):
         raise BadRequest("negative_prompt must be a string", f"{prefix}negative_prompt")
+    if neg is None and api == "2025-12":
+        neg = ""  # the snapshot ran true CFG with an empty negative prompt; 0.30 needs one given
     n = params.get(outputs_key)
     n = 1 if n is None else _int(n, f"{prefix}{outputs_key}", 1, MAX_OUTPUTS)
-    if len(refs) > preset.max_refs:
-        raise BadRequest(f"at most {preset.max_refs} reference images are supported", "messages")
+    check_ref_count(preset, len(refs), api)
     return GenerationRequest(prompt=prompt, references=refs, width=width, height=height, steps=steps,
-                             seed=seed, true_cfg_scale=cfg, negative_prompt=neg or "", num_outputs=n,
+                             seed=seed, true_cfg_scale=cfg, negative_prompt=neg, num_outputs=n,
                              guidance_scale=guidance)
 
 
+def check_ref_count(preset: Preset, count: int, api: str) -> None:
+    limit = preset.ref_limit if api == "0.30" else preset.max_refs
+    if count > limit:
+        raise BadRequest(f"Received {count} input images. At most {limit} images are supported by this model.",
+                         "image")
+
+
+def merged_params(body: dict[str, Any], api: str) -> dict[str, Any]:
+    """Chat generation parameters. 2025-12: only the literal `extra_body` key. 0.30: the request root too
+    (the OpenAI SDK's flat extra_body), and a key given in both places is refused."""
+    extra = body.get("extra_body")
+    if extra is None:
+        extra = {}
+    if not isinstance(extra, dict):
+        raise BadRequest("extra_body must be an object", "extra_body")
+    if api != "0.30":
+        return dict(extra)
+    sources: dict[str, list[str]] = {}
+    for key in body:
+        if key in ROOT_FIELDS or key in ROOT_ALIASES:
+            sources.setdefault(ROOT_ALIASES.get(key, key), []).append(f"request.{key}")
+    for key in extra:
+        sources.setdefault(ROOT_ALIASES.get(key, key), []).append(f"request.extra_body.{key}")
+    twice = {k: v for k, v in sources.items() if len(v) > 1}
+    if twice:
+        details = "; ".join(f'"{k}": {", ".join(v)}' for k, v in sorted(twice.items()))
+        raise BadRequest(f"Diffusion request parameters were provided more than once: {details}.")
+    merged = {ROOT_ALIASES.get(k, k): v for k, v in extra.items()}
+    merged.update({ROOT_ALIASES.get(k, k): v for k, v in body.items() if k in ROOT_FIELDS or k in ROOT_ALIASES})
+    return merged
+
+
 # --- endpoints ------------------------------------------------------------------------------------
-def parse_chat(body: Any, preset: Preset) -> GenerationRequest:
+def parse_chat(body: Any, preset: Preset, api: str = "0.30") -> Parsed:
     """POST /v1/chat/completions: prompt = text parts of user messages, references = data-URI image_url
-    parts in order (http(s) URLs ignored), parameters only from the literal `extra_body` key."""
+    parts in order (http(s) URLs ignored). 0.30 drops (logs) a reference that does not decode and serves
+    the rest; 2025-12 refuses it with a 400."""
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     messages = body.get("messages")
@@ -139,6 +202,8 @@ def parse_chat(body: Any, preset: Preset) -> GenerationRequest:
         raise BadRequest("messages must be a non-empty list", "messages")
     texts: list[str] = []
     refs: list[Image.Image] = []
+    dropped: list[str] = []
+    received = 0
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
             raise BadRequest(f"messages[{i}] must be an object", "messages")
@@ -160,33 +225,88 @@ def parse_chat(body: Any, preset: Preset) -> GenerationRequest:
                 url = iu.get("url") if isinstance(iu, dict) else iu
                 if not isinstance(url, str):
                     raise BadRequest(f"messages[{i}].content[{j}].image_url.url must be a string", "messages")
-                if url.startswith("data:"):
+                if not url.startswith("data:"):
+                    continue  # http(s) URLs are ignored, as upstream does
+                received += 1
+                try:
                     refs.append(decode_data_uri(url, f"messages[{i}].content[{j}].image_url"))
-                # http(s) URLs are ignored, as upstream does
+                except BadRequest as exc:
+                    if api != "0.30":
+                        raise
+                    dropped.append(exc.message)
     prompt = "\n".join(t for t in texts if t.strip())
     if not prompt.strip():
         raise BadRequest("no prompt: the user messages carry no text", "messages")
-    extra = body.get("extra_body")
-    if extra is None:
-        extra = {}
-    if not isinstance(extra, dict):
-        raise BadRequest("extra_body must be an object", "extra_body")
-    return _generation(preset, extra, prompt, tuple(refs), "num_outputs_per_prompt", "extra_body.")
+    params = merged_params(body, api)
+    prefix = "" if api == "0.30" else "extra_body."
+    req = _generation(preset, params, prompt, tuple(refs), "num_outputs_per_prompt", prefix, api)
+    return Parsed(req, received, tuple(dropped))
 
 
-def parse_images(body: Any, preset: Preset) -> GenerationRequest:
+def parse_images(body: Any, preset: Preset, model: str = "", api: str = "0.30") -> Parsed:
     """POST /v1/images/generations (OpenAI shape with vLLM-Omni's extensions)."""
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     prompt = body.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         raise BadRequest("prompt must be a non-empty string", "prompt")
+    check_model(body.get("model"), model, api)
     fmt = body.get("response_format", "b64_json")
     if fmt not in (None, "b64_json"):
         raise BadRequest("only response_format b64_json is supported", "response_format")
     params = {k: body.get(k) for k in ("size", "seed", "num_inference_steps", "negative_prompt",
                                        "true_cfg_scale", "guidance_scale", "n")}
-    return _generation(preset, params, prompt, (), "n", "")
+    return Parsed(_generation(preset, params, prompt, (), "n", "", api), 0)
+
+
+def check_model(asked: Any, served: str, api: str) -> None:
+    if api == "0.30" and asked is not None and served and asked != served:
+        raise BadRequest(f"Model mismatch: request specifies '{asked}' but server is running '{served}'.",
+                         "model")
+
+
+def parse_edits(form: dict[str, Any], files: list[tuple[str, bytes]], preset: Preset, model: str,
+                api: str = "0.30") -> Parsed:
+    """POST /v1/images/edits (multipart): `image` or `image[]` files in order, `prompt`, `size` ("auto" =
+    the first image's size), `n`, and vLLM-Omni's `negative_prompt`, `num_inference_steps`,
+    `guidance_scale`, `true_cfg_scale`, `seed`. An upload that does not decode is a 400 here (0.30)."""
+    prompt = form.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise BadRequest("Field 'prompt' is required", "prompt")
+    check_model(form.get("model"), model, api)
+    if form.get("response_format", "b64_json") != "b64_json":
+        raise BadRequest("Only response_format 'b64_json' is supported now.", "response_format")
+    if not files:
+        raise BadRequest("Field 'image' or 'url' is required", "image")
+    check_ref_count(preset, len(files), api)
+    refs = []
+    for name, data in files:
+        try:
+            img = Image.open(io.BytesIO(data))
+            img.load()
+        except (OSError, ValueError, Image.DecompressionBombError) as exc:
+            raise BadRequest(f"Failed to open uploaded file: {exc}", name) from None
+        refs.append(img.convert("RGB"))
+
+    def num(key: str, kind: type) -> Any:
+        value = form.get(key)
+        if value is None or value == "":
+            return None
+        try:
+            return kind(value)
+        except ValueError:
+            raise BadRequest(f"{key} must be a {kind.__name__} (got {value!r})", key) from None
+
+    params: dict[str, Any] = {"num_inference_steps": num("num_inference_steps", int), "seed": num("seed", int),
+                              "true_cfg_scale": num("true_cfg_scale", float),
+                              "guidance_scale": num("guidance_scale", float), "n": num("n", int),
+                              "negative_prompt": form.get("negative_prompt")}
+    size = form.get("size") or "auto"
+    if size == "auto":
+        params["width"], params["height"] = refs[0].size
+    else:
+        params["size"] = size
+    return Parsed(_generation(preset, params, prompt, tuple(refs), "n", "", api), len(files))
 
 
 def png_b64(png: bytes) -> str:
@@ -194,12 +314,17 @@ def png_b64(png: bytes) -> str:
 
 
 def chat_response(model: str, pngs: list[bytes] | None, text_tokens: int, peak_mb: float,
-                  request_id: str) -> dict[str, Any]:
-    """`pngs=None` gives the no-image shape: content is a plain string."""
+                  request_id: str, api: str = "0.30", seconds: float = 0.0) -> dict[str, Any]:
+    """`pngs=None` gives the no-image shape: content is a plain string. 0.30 puts `peak_memory_mb` (and
+    `stage_durations`) in each image part; 2025-12 (the refserver's older shape) at the top level."""
+    per_image = {"stage_durations": {"diffusion": round(seconds, 4)}, "peak_memory_mb": round(peak_mb, 3)}
     content: Any = "" if pngs is None else [
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + png_b64(p)}} for p in pngs
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + png_b64(p)},
+         **(per_image if api == "0.30" else {})} for p in pngs
     ]
-    return {
+    if api == "0.30" and pngs is None:
+        content = "Image generation completed but no images were produced."
+    body: dict[str, Any] = {
         "id": request_id,
         "object": "chat.completion",
         "created": int(time.time()),
@@ -207,14 +332,26 @@ def chat_response(model: str, pngs: list[bytes] | None, text_tokens: int, peak_m
         "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
                      "message": {"role": "assistant", "content": content}}],
         "usage": {"prompt_tokens": text_tokens, "completion_tokens": 0, "total_tokens": text_tokens},
-        "peak_memory_mb": round(peak_mb, 3),
     }
+    if api != "0.30":
+        body["peak_memory_mb"] = round(peak_mb, 3)
+    return body
 
 
-def images_response(pngs: list[bytes] | None, peak_mb: float) -> dict[str, Any]:
-    return {"created": int(time.time()),
-            "data": [] if pngs is None else [{"b64_json": png_b64(p)} for p in pngs],
-            "peak_memory_mb": round(peak_mb, 3)}
+def images_response(pngs: list[bytes] | None, peak_mb: float, api: str = "0.30", seconds: float = 0.0,
+                    size: tuple[int, int] | None = None) -> dict[str, Any]:
+    """0.30: `metrics.peak_memory_mb` (None when 0, as upstream); 2025-12 shape: top-level."""
+    body: dict[str, Any] = {"created": int(time.time()),
+                            "data": [] if pngs is None else [{"b64_json": png_b64(p)} for p in pngs]}
+    if api == "0.30":
+        body["output_format"] = "png"
+        if size is not None:
+            body["size"] = f"{size[0]}x{size[1]}"
+        body["metrics"] = {"stage_durations": {"diffusion": round(seconds, 4)},
+                           "peak_memory_mb": round(peak_mb, 3) or None}
+    else:
+        body["peak_memory_mb"] = round(peak_mb, 3)
+    return body
 
 
 def new_request_id() -> str:
