@@ -67,7 +67,7 @@ def test_parse_chat_and_images_responses() -> None:
     chat = {"choices": [{"message": {"content": [{"type": "image_url", "image_url": {"url": url}}]}}],
             "peak_memory_mb": 12.5}
     p = dialects.parse("vllm-omni-chat", json.dumps(chat).encode())
-    assert p.image == data and p.server_peak_mb == 12.5 and p.problem is None
+    assert p.image == data and p.server_peak.mib == 12.5 and p.problem is None
     text = {"choices": [{"message": {"content": "sorry"}}]}
     assert "content is text" in dialects.parse("vllm-omni-chat", json.dumps(text).encode()).problem
     assert "not JSON" in dialects.parse("vllm-omni-chat", b"{oops").problem

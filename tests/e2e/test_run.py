@@ -36,13 +36,15 @@ def matrix(tmp: Path, body: str, *, seeds: str = "[1]", request_timeout: int = 3
         repeats = {repeats}
         steps = 2
         size = "128x128"
+        true_cfg_scale = 4.0
+        negative_prompt = " "
         request_timeout_s = {request_timeout}
         ready_timeout_s = {ready_timeout}
         results_dir = "{tmp / 'results'}"
 
         [servers.ref]
         command = ["{{python}}", "-m", "runner.refserver", "--port", "{{port}}", "--preset", "tiny",
-                   "--vram-gib", "{{vram_gib}}"]
+                   "--vram-gib", "{{vram_gib}}", "--oom-reply", "mangled"]
 
         [fixtures.shapes]
         prompt = "shapes on a table"

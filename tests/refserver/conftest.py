@@ -23,6 +23,8 @@ FLEET = {
     "exit": ["--fault", "exit@2"],
     "load_oom": ["--vram-gib", "0.001"],
     "load_fail": ["--fault", "load-fail"],
+    "legacy": ["--api", "2025-12"],  # the Dec-2025 snapshot's behaviour
+    "omni": ["qwen-image", "--omni", "--enforce-eager", "--log-stats", "--max-refs", "3"],  # vLLM-Omni's CLI
 }
 
 

@@ -109,7 +109,9 @@ def chat_body(prompt: str = "put the cat from picture 1 on the sofa from picture
               refs: list[Image.Image] | tuple[Image.Image, ...] = (), **extra: Any) -> dict[str, Any]:
     content: list[dict[str, Any]] = [{"type": "text", "text": prompt}]
     content += [{"type": "image_url", "image_url": {"url": png_uri(r)}} for r in refs]
-    params = {"num_inference_steps": STEPS, "seed": 2301, "height": 128, "width": 128, **extra}
+    # a negative prompt, so true CFG runs (vLLM-Omni 0.30 skips it without one)
+    params = {"num_inference_steps": STEPS, "seed": 2301, "height": 128, "width": 128, "negative_prompt": " ",
+              **extra}
     params = {k: v for k, v in params.items() if v is not None}
     return {"model": "refserver", "messages": [{"role": "user", "content": content}], "extra_body": params}
 
@@ -125,6 +127,15 @@ def chat_pngs(resp: httpx.Response) -> list[bytes]:
         assert url.startswith("data:image/png;base64,")
         out.append(base64.b64decode(url.split(",", 1)[1]))
     return out
+
+
+def peak_mb(resp: httpx.Response) -> float:
+    """The response's peak_memory_mb: in the image part (0.30 shape) or at the top level (2025-12 shape)."""
+    body = resp.json()
+    content = body["choices"][0]["message"]["content"]
+    if isinstance(content, list) and "peak_memory_mb" in content[0]:
+        return content[0]["peak_memory_mb"]
+    return body["peak_memory_mb"]
 
 
 def decode(png: bytes) -> Image.Image:

@@ -7,7 +7,7 @@ import base64
 import httpx
 import numpy as np
 import pytest
-from refserver_helpers import STEPS, Server, chat_body, chat_pngs, decode, make_ref, png_uri, psnr
+from refserver_helpers import STEPS, Server, chat_body, chat_pngs, decode, make_ref, peak_mb, png_uri, psnr
 
 REFS = [make_ref(i) for i in range(4)]
 
@@ -15,7 +15,15 @@ REFS = [make_ref(i) for i in range(4)]
 def test_health(device_server: Server) -> None:
     r = httpx.get(device_server.url + "/health")
     assert r.status_code == 200
-    assert r.json() == {"status": "ok"}
+    assert r.json() == {"status": "healthy"}
+
+
+def test_legacy_health_and_models(fleet: dict[str, Server], device_server: Server) -> None:
+    legacy = fleet["legacy"].ready()
+    assert httpx.get(legacy.url + "/health").json() == {"status": "ok"}
+    assert httpx.get(legacy.url + "/v1/models").status_code == 500  # the snapshot's plain-text 500
+    models = httpx.get(device_server.url + "/v1/models").json()
+    assert models["object"] == "list" and [m["id"] for m in models["data"]] == ["refserver"]
 
 
 @pytest.mark.parametrize("count", [0, 1, 2, 4])
@@ -28,7 +36,9 @@ def test_multi_reference_chat(device_server: Server, count: int) -> None:
     assert isinstance(body["created"], int)
     assert body["choices"][0]["finish_reason"] == "stop"
     assert body["choices"][0]["message"]["role"] == "assistant"
-    assert body["peak_memory_mb"] > 0
+    # 0.30: the request's peak rides in every image part, as reserved MiB; no top-level field
+    assert "peak_memory_mb" not in body
+    assert body["choices"][0]["message"]["content"][0]["peak_memory_mb"] > 0
     (png,) = chat_pngs(resp)
     img = decode(png)
     assert img.format == "PNG" and img.mode == "RGB" and img.size == (128, 128)
@@ -70,11 +80,67 @@ def test_seed_changes_output(device_server: Server) -> None:
     assert psnr(a, b) < 40
 
 
-def test_top_level_seed_and_n_ignored(device_server: Server) -> None:
-    body = chat_body(refs=REFS[:1])
-    (a,) = chat_pngs(device_server.chat(body))
-    (b,) = chat_pngs(device_server.chat({**body, "seed": 99, "n": 3}))
+def test_flat_parameters_and_conflicts(device_server: Server) -> None:
+    """0.30 reads the generation parameters at the request root too (the OpenAI SDK's flat extra_body),
+    and refuses a key given in both places."""
+    nested = chat_body(refs=REFS[:1], seed=7)
+    (a,) = chat_pngs(device_server.chat(nested))
+    flat = {k: v for k, v in nested.items() if k != "extra_body"} | nested["extra_body"]
+    (b,) = chat_pngs(device_server.chat(flat))
     assert a == b
+    moved = chat_body(refs=REFS[:1], seed=None)
+    (c,) = chat_pngs(device_server.chat({**moved, "seed": 7, "n": 3}))  # top-level seed honoured, n ignored
+    assert c == a
+    both = device_server.chat({**chat_body(refs=REFS[:1], seed=7), "seed": 7})
+    assert both.status_code == 400
+    assert "provided more than once" in both.json()["error"]["message"]
+
+
+def test_legacy_top_level_seed_and_n_ignored(fleet: dict[str, Server]) -> None:
+    legacy = fleet["legacy"].ready()
+    body = chat_body(refs=REFS[:1])
+    (a,) = chat_pngs(legacy.chat(body))
+    (b,) = chat_pngs(legacy.chat({**body, "seed": 99, "n": 3}))
+    assert a == b
+    assert legacy.chat(body).json()["peak_memory_mb"] > 0  # the older top-level shape
+
+
+def test_undecodable_reference_dropped_and_served(device_server: Server, fleet: dict[str, Server]) -> None:
+    body = chat_body(refs=REFS[:3])
+    body["messages"][0]["content"][3]["image_url"]["url"] = "data:image/png;base64," + base64.b64encode(
+        b"not an image").decode()
+    resp = device_server.chat(body)
+    (png,) = chat_pngs(resp)  # HTTP 200: served with two references
+    rid = resp.json()["id"]
+    (two,) = chat_pngs(device_server.chat(chat_body(refs=REFS[:2])))
+    assert png == two
+    log = device_server.log()
+    assert f"Diffusion chat request {rid}: ref_images=3" in log
+    line = next(ln for ln in log.splitlines() if "Failed to decode reference image" in ln)
+    assert "WARNING" in line
+    legacy = fleet["legacy"].ready()  # the snapshot refused it
+    assert legacy.chat(body).status_code == 400
+
+
+def test_reference_limit(device_server: Server, fleet: dict[str, Server]) -> None:
+    five = device_server.chat(chat_body(refs=[*REFS, make_ref(5)]))
+    assert five.status_code == 400
+    assert "At most 4 images" in five.json()["error"]["message"]
+    omni = fleet["omni"].ready()  # --max-refs 3
+    assert omni.chat(chat_body(refs=REFS)).status_code == 400
+    chat_pngs(omni.chat(chat_body(refs=REFS[:3])))
+
+
+def test_true_cfg_needs_a_negative_prompt(device_server: Server, fleet: dict[str, Server]) -> None:
+    with_neg = device_server.chat(chat_body(refs=REFS[:2], true_cfg_scale=4.0))
+    without = device_server.chat(chat_body(refs=REFS[:2], true_cfg_scale=4.0, negative_prompt=None))
+    single = device_server.chat(chat_body(refs=REFS[:2], true_cfg_scale=1.0))
+    assert chat_pngs(without) == chat_pngs(single) != chat_pngs(with_neg)
+    assert peak_mb(without) < peak_mb(with_neg)
+    legacy = fleet["legacy"].ready()  # the snapshot ran CFG with an empty negative prompt
+    l_without = legacy.chat(chat_body(refs=REFS[:2], true_cfg_scale=4.0, negative_prompt=None))
+    l_single = legacy.chat(chat_body(refs=REFS[:2], true_cfg_scale=1.0))
+    assert chat_pngs(l_without) != chat_pngs(l_single)
 
 
 def test_http_urls_are_ignored(device_server: Server) -> None:
@@ -127,7 +193,7 @@ def test_true_cfg_scale(device_server: Server) -> None:
     assert chat_pngs(r4) == chat_pngs(r0)
     assert chat_pngs(r4) != chat_pngs(r1)
     # without CFG there is no negative pass, hence no second conditioning cache
-    assert r1.json()["peak_memory_mb"] < r4.json()["peak_memory_mb"]
+    assert peak_mb(r1) < peak_mb(r4)
 
 
 def test_images_endpoint(device_server: Server) -> None:
@@ -136,7 +202,7 @@ def test_images_endpoint(device_server: Server) -> None:
     r = httpx.post(device_server.url + "/v1/images/generations", json=body, timeout=60)
     assert r.status_code == 200, r.text
     out = r.json()
-    assert isinstance(out["created"], int) and out["peak_memory_mb"] > 0
+    assert isinstance(out["created"], int) and out["metrics"]["peak_memory_mb"] > 0  # 0.30: under metrics
     pngs = [base64.b64decode(d["b64_json"]) for d in out["data"]]
     assert len(pngs) == 2
     assert all(decode(p).size == (64, 96) for p in pngs)
@@ -157,11 +223,9 @@ def _bad(device_server: Server, path: str, content: bytes) -> dict:
 @pytest.mark.parametrize(("body", "param"), [
     (chat_body(prompt=""), "messages"),
     ({"messages": []}, "messages"),
-    (chat_body(size="100x100", height=None, width=None), "extra_body.size"),
-    (chat_body(height=120), "extra_body.size"),
-    (chat_body(height=4096, width=4096), "extra_body.size"),
-    (chat_body(num_inference_steps=0), "extra_body.num_inference_steps"),
-    (chat_body(seed="abc"), "extra_body.seed"),
+    (chat_body(height=4096, width=4096), "size"),
+    (chat_body(num_inference_steps=0), "num_inference_steps"),
+    (chat_body(seed="abc"), "seed"),
 ])
 def test_chat_400_shapes(device_server: Server, body: dict, param: str) -> None:
     import json
@@ -169,23 +233,45 @@ def test_chat_400_shapes(device_server: Server, body: dict, param: str) -> None:
     assert _bad(device_server, "/v1/chat/completions", json.dumps(body).encode())["param"] == param
 
 
-def test_chat_400_bad_json_and_bad_uri(device_server: Server) -> None:
+def test_sizes_rounded_down_to_16(device_server: Server, fleet: dict[str, Server]) -> None:
+    (png,) = chat_pngs(device_server.chat(chat_body(refs=REFS[:1], height=120, width=100)))
+    assert decode(png).size == (96, 112)
+    legacy = fleet["legacy"].ready()
+    assert legacy.chat(chat_body(refs=REFS[:1], height=120)).status_code == 400
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    (chat_body(size="100x100", height=None, width=None), "extra_body.size"),
+    (chat_body(height=120), "extra_body.size"),
+    (chat_body(seed="abc"), "extra_body.seed"),
+])
+def test_legacy_chat_400_shapes(fleet: dict[str, Server], body: dict, param: str) -> None:
     import json
 
-    _bad(device_server, "/v1/chat/completions", b'{"messages": [')
+    legacy = fleet["legacy"].ready()
+    assert _bad(legacy, "/v1/chat/completions", json.dumps(body).encode())["param"] == param
+
+
+def test_chat_400_bad_json_and_bad_uri(fleet: dict[str, Server]) -> None:
+    import json
+
+    legacy = fleet["legacy"].ready()  # 0.30 drops an undecodable reference instead (test above)
+    _bad(legacy, "/v1/chat/completions", b'{"messages": [')
     body = chat_body(refs=REFS[:1])
     body["messages"][0]["content"][1]["image_url"]["url"] = "data:image/png;base64,@@not-base64@@"
-    assert "image_url" in _bad(device_server, "/v1/chat/completions", json.dumps(body).encode())["param"]
+    assert "image_url" in _bad(legacy, "/v1/chat/completions", json.dumps(body).encode())["param"]
     body["messages"][0]["content"][1]["image_url"]["url"] = "data:text/plain," + png_uri(REFS[0])
-    _bad(device_server, "/v1/chat/completions", json.dumps(body).encode())
+    _bad(legacy, "/v1/chat/completions", json.dumps(body).encode())
     body["messages"][0]["content"][1]["image_url"]["url"] = "data:image/png;base64," + base64.b64encode(
         b"not an image").decode()
-    _bad(device_server, "/v1/chat/completions", json.dumps(body).encode())
+    _bad(legacy, "/v1/chat/completions", json.dumps(body).encode())
 
 
 def test_images_400_shapes(device_server: Server) -> None:
     _bad(device_server, "/v1/images/generations", b'{"prompt": ""}')
-    _bad(device_server, "/v1/images/generations", b'{"prompt": "x", "size": "1000x10"}')
+    _bad(device_server, "/v1/images/generations", b'{"prompt": "x", "size": "4096x4096"}')
+    err = _bad(device_server, "/v1/images/generations", b'{"prompt": "x", "model": "other"}')
+    assert err["message"].startswith("Model mismatch")
     _bad(device_server, "/v1/images/generations", b'{"prompt": "x", "response_format": "url"}')
     _bad(device_server, "/v1/images/generations", b"not json")
 
@@ -205,6 +291,15 @@ def test_metrics(device_server: Server) -> None:
     # the per-request cache is freed at request end
     assert m['refserver_cond_cache_bytes{placement="device"}'] == 0
     assert 'refserver_cond_cache_bytes{placement="host"}' in m
+    assert "vllm_omni:peak_memory_mb" not in text  # vLLM-Omni exports it only with --log-stats
+
+
+def test_vllm_omni_peak_gauge(fleet: dict[str, Server]) -> None:
+    omni = fleet["omni"].ready()
+    resp = omni.chat(chat_body(refs=REFS[:2]))
+    m = omni.metrics()
+    assert m['vllm_omni:peak_memory_mb{model_name="qwen-image",stage="0"}'] == pytest.approx(peak_mb(resp))
+    assert resp.json()["model"] == "qwen-image"
 
 
 def test_log_has_a_line_per_request(device_server: Server) -> None:
