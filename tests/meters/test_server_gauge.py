@@ -1,0 +1,58 @@
+"""The server meter against a real Prometheus exposition over HTTP (prometheus_client's own server on
+127.0.0.1): vLLM-Omni 0.30's `vllm_omni:peak_memory_mb` gauge, per stage, last request's reserved peak."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+from runner.meters.server import ServerMetricsMeter
+
+
+def test_vllm_omni_peak_gauge_is_scraped_per_request() -> None:
+    registry = CollectorRegistry()
+    gauge = Gauge("vllm_omni:peak_memory_mb", "Peak GPU memory in MB observed during a stage's generation.",
+                  ["model_name", "stage"], registry=registry)
+    gauge.labels(model_name="qwen-image", stage="0").set(1000.0)  # the previous request's peak
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+    try:
+        port = server.server_address[1]
+        meter = ServerMetricsMeter(SimpleNamespace(base_url=f"http://127.0.0.1:{port}"), hz=20)
+        meter.start()
+        time.sleep(0.3)
+        t0 = time.time()
+        time.sleep(0.2)  # "the request": the gauge still shows the previous request's figure meanwhile
+        gauge.labels(model_name="qwen-image", stage="0").set(23522.0)  # set when this request finished
+        t1 = time.time()
+        peak = meter.window_peak(t0, t1)
+        assert peak.available and peak.bytes == 23522 * 2**20 and peak.source == "server"
+        assert "reserved" in peak.reason and "equal to the value before" not in peak.reason
+        # a request that set nothing (a failure) shows the earlier figure: said so, not hidden
+        time.sleep(0.2)
+        t2 = time.time()
+        time.sleep(0.1)
+        stale = meter.window_peak(t2, time.time())
+        assert stale.bytes == 23522 * 2**20 and "may be the previous request's" in stale.reason
+        meter.stop()
+        assert meter.kind == "last-peak" and meter.provenance()["available"]
+    finally:
+        server.shutdown()
+        thread.join(timeout=5)
+
+
+def test_a_server_without_any_gauge_is_recorded_as_such() -> None:
+    registry = CollectorRegistry()
+    Gauge("http_requests_in_flight", "x", registry=registry).set(1)
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+    try:
+        meter = ServerMetricsMeter(SimpleNamespace(base_url=f"http://127.0.0.1:{server.server_address[1]}"), 20)
+        meter.start()
+        time.sleep(0.3)
+        meter.stop()
+        assert meter.absent and "--log-stats" in meter.absent
+        assert not meter.window_peak(0, time.time()).available
+    finally:
+        server.shutdown()
+        thread.join(timeout=5)
