@@ -7,6 +7,12 @@ Peak memory is the server-reported `peak_memory_mb` (CPU: the engine's accounted
 torch.cuda.max_memory_allocated during the request). Wall time is the client's, send to response.
 `--in-process` drives the engine directly instead (no HTTP; for GPU hosts without fastapi/uvicorn);
 its wall time is the engine's.
+
+`--variants 'before=--no-pinned-pool;after='` runs every mode once per variant (extra server flags), side by
+side in one run: per cell the wall-time spread (min / median / max of `--repeats`), the server process's
+host RSS peak (psutil, 20 Hz: pinned host memory is resident, so it counts) and, when pynvml is importable,
+the whole-device NVML `used` peak — e.g. the host conditioning cache with per-request pinning vs the reusable
+pinned pool, or `--cap-scope allocator` vs `whole-device` under `--vram-gib 24`.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -45,10 +53,55 @@ def reference(i: int) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def start(args: argparse.Namespace, mode: str, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+@dataclass
+class Sampler:
+    """Host RSS of one process (psutil) and whole-device NVML `used`, sampled in a thread; peaks per cell."""
+
+    pid: int
+    host: list[int] = field(default_factory=list)
+    device: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        import psutil
+
+        self.proc = psutil.Process(self.pid)
+        self.nvml = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nvml = pynvml.nvmlDeviceGetHandleByIndex(0)
+            self._pynvml = pynvml
+        except Exception:  # no NVML here: device column stays empty
+            self.nvml = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+        self.thread.start()
+
+    def loop(self) -> None:
+        while not self.stop.wait(0.05):
+            try:
+                self.host.append(self.proc.memory_info().rss)
+                if self.nvml is not None:
+                    self.device.append(int(self._pynvml.nvmlDeviceGetMemoryInfo(self.nvml).used))
+            except Exception:
+                return
+
+    def cut(self) -> tuple[int | None, int | None]:
+        """Peaks since the last cut."""
+        h, d = self.host, self.device
+        self.host, self.device = [], []
+        return (max(h) if h else None), (max(d) if d else None)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=2)
+
+
+def start(args: argparse.Namespace, mode: str, log: Path, extra: str = "") -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     cmd = [sys.executable, "-m", "runner.refserver", "--port", str(port), "--device", args.device,
-           "--preset", args.preset, "--cond-cache", mode, *shlex.split(args.server_args)]
+           "--preset", args.preset, "--cond-cache", mode, *shlex.split(args.server_args), *shlex.split(extra)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log.open("wb"))
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + args.ready_timeout
@@ -68,14 +121,20 @@ def start(args: argparse.Namespace, mode: str, log: Path) -> tuple[subprocess.Po
 def request(url: str, refs: list[str], args: argparse.Namespace) -> tuple[int, float, float | None]:
     content = [{"type": "text", "text": "put the cat from picture 1 on the sofa from picture 2"}]
     content += [{"type": "image_url", "image_url": {"url": u}} for u in refs]
-    extra = {"num_inference_steps": args.steps, "seed": 2301, "true_cfg_scale": args.true_cfg_scale}
+    extra = {"num_inference_steps": args.steps, "seed": 2301, "true_cfg_scale": args.true_cfg_scale,
+             "negative_prompt": " "}  # true CFG runs only with a negative prompt (vLLM-Omni 0.30)
     if args.size:
         extra["size"] = args.size
     body = {"model": "refserver", "messages": [{"role": "user", "content": content}], "extra_body": extra}
     t0 = time.perf_counter()
     r = httpx.post(url + "/v1/chat/completions", json=body, timeout=args.request_timeout)
     wall = time.perf_counter() - t0
-    peak = r.json().get("peak_memory_mb") if r.status_code == 200 else None
+    peak = None
+    if r.status_code == 200:
+        body = r.json()
+        parts = body["choices"][0]["message"]["content"]
+        peak = parts[0].get("peak_memory_mb") if isinstance(parts, list) else None
+        peak = body.get("peak_memory_mb") if peak is None else peak  # --api 2025-12 shape
     return r.status_code, wall, peak
 
 
@@ -103,7 +162,7 @@ def in_process(args: argparse.Namespace, mode: str, counts: list[int], images: l
             cfg.preset, tuple(images[:n]))
         req = GenerationRequest(prompt="put the cat from picture 1 on the sofa from picture 2",
                                 references=tuple(images[:n]), width=size[0], height=size[1], steps=args.steps,
-                                seed=2301, true_cfg_scale=args.true_cfg_scale)
+                                seed=2301, true_cfg_scale=args.true_cfg_scale, negative_prompt=" ")
         try:
             r = engine.generate(req)
         except Exception as exc:
@@ -142,7 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ready-timeout", type=float, default=600)
     ap.add_argument("--request-timeout", type=float, default=600)
     ap.add_argument("--in-process", action="store_true", help="drive the engine directly, no HTTP")
+    ap.add_argument("--modes", default=",".join(MODES), help="cond-cache modes, comma separated")
+    ap.add_argument("--variants", help="'label=server flags;label=server flags': each mode once per variant, "
+                                       "with spread, host RSS peak and NVML peak per cell")
     args = ap.parse_args(argv)
+    if args.variants:
+        return compare_variants(args)
     print("$ " + " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]), flush=True)
     counts = [int(c) for c in args.refs.split(",")]
     refs = [reference(i) for i in range(max(counts))]
@@ -181,6 +245,52 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {n} | " + " | ".join(cells) + " |")
     if not args.in_process:
         print(f"\nserver logs: {logs}")
+    return 0
+
+
+def compare_variants(args: argparse.Namespace) -> int:
+    """Each variant × mode as its own server; figures side by side."""
+    print("$ " + " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]), flush=True)
+    variants = [v.partition("=")[::2] for v in args.variants.split(";") if v.strip()]
+    modes = args.modes.split(",")
+    counts = [int(c) for c in args.refs.split(",")]
+    refs = [reference(i) for i in range(max(counts))]
+    logs = Path(tempfile.mkdtemp(prefix="refserver-bench-"))
+    rows = []
+    for label, extra in variants:
+        for mode in modes:
+            log = logs / f"{label}-{mode}.log"
+            proc, url = start(args, mode, log, extra)
+            sampler = Sampler(proc.pid)
+            try:
+                request(url, refs[:1], args)  # warm-up
+                sampler.cut()
+                for n in counts:
+                    runs = [request(url, refs[:n], args) for _ in range(args.repeats)]
+                    host, device = sampler.cut()
+                    walls = sorted(r[1] for r in runs if r[0] == 200)
+                    rows.append((label, mode, n, max(r[0] for r in runs), walls, runs[0][2], host, device))
+            finally:
+                sampler.close()
+                proc.terminate()
+                proc.wait(timeout=60)
+            loaded = next((ln for ln in log.read_text().splitlines() if "loaded:" in ln), "")
+            print(f"# {label} {mode} [{extra}]: {loaded.split('refserver: ', 1)[-1]}", flush=True)
+    gib = 2**30
+    print(f"\n{args.preset} on {args.device}, {args.steps} steps, {args.repeats} repeats per cell, "
+          f"server flags '{args.server_args}'")
+    print("| variant | mode | refs | wall min / median / max s | spread (max/min) | server peak MiB | "
+          "host RSS peak GiB | NVML used peak GiB |")
+    print("|---|---|---|---|---|---|---|---|")
+    for label, mode, n, status, walls, peak, host, device in rows:
+        if status != 200 or not walls:
+            cells = [f"HTTP {status}", "-", "-"]
+        else:
+            cells = [f"{walls[0]:.2f} / {statistics.median(walls):.2f} / {walls[-1]:.2f}",
+                     f"{walls[-1] / walls[0]:.2f}x", f"{peak:.0f}" if peak is not None else "-"]
+        cells += [f"{host / gib:.2f}" if host else "-", f"{device / gib:.2f}" if device else "-"]
+        print(f"| {label} | {mode} | {n} | " + " | ".join(cells) + " |", flush=True)
+    print(f"\nserver logs: {logs}")
     return 0
 
 

@@ -365,6 +365,8 @@ class Engine:
             f"cond_cache_bytes_per_reference={self.cond_cache_bytes_per_reference()} "
             f"({format_size(self.cond_cache_bytes_per_reference())} per CFG pass) vram_cap={cap} "
             f"threads={torch.get_num_threads()} load_s={self.load_seconds:.2f}"
+            + (f" cap_scope={'whole-device' if getattr(self.mem, 'whole_device', False) else 'allocator'}"
+               f" non_pytorch_bytes={getattr(self.mem, 'non_pytorch', 0)}" if self.device.type == "cuda" else "")
         )
 
     def resident(self, layer: int) -> AbstractContextManager[None]:
@@ -377,6 +379,7 @@ class Engine:
     def generate(self, req: GenerationRequest, on_step: Callable[[int, int], None] | None = None
                  ) -> GenerationResult:
         t0 = time.perf_counter()
+        self.mem.fit_to_device()  # CUDA whole-device cap: what the context grew by since the last request
         self.mem.reset_peak()
         try:
             with self.mem.scope(), torch.inference_mode(), ExitStack() as moved:

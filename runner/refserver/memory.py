@@ -18,6 +18,9 @@ from contextlib import contextmanager
 import torch
 
 OOM_PREFIX = "CUDA out of memory. Tried to allocate"
+# Kept free under a whole-device cap for what a request may add outside PyTorch's allocator before the next
+# refit (kernels the CUDA runtime loads lazily the first time a shape needs them).
+LAZY_MARGIN = 256 * 2**20
 
 
 def format_size(n: float) -> str:
@@ -167,7 +170,9 @@ class CudaMemory(DeviceMemory):
             self.fit_to_device()
 
     def device_used(self) -> int:
-        """Whole-device usage as NVML counts it (the emulating process is alone on the GPU)."""
+        """Whole-device usage (cudaMemGetInfo: total - free). It counts the driver's reserved memory too, which
+        NVML's v2 `used` leaves out, so the cap errs small. The runner runs one server per GPU at a time (a
+        lane), so everything in use is this process's."""
         free, total = torch.cuda.mem_get_info(self.device)
         return total - free
 
@@ -176,7 +181,7 @@ class CudaMemory(DeviceMemory):
             return
         cap = self.capacity
         self.non_pytorch = max(0, self.device_used() - torch.cuda.memory_reserved(self.device))
-        allowed = max(cap - self.non_pytorch, 0)
+        allowed = max(cap - self.non_pytorch - LAZY_MARGIN, 0)
         torch.cuda.set_per_process_memory_fraction(allowed / self.total, self.device)
 
     def peak_reserved(self) -> int:

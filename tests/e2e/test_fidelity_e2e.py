@@ -106,3 +106,8 @@ def test_seed_emulated_keeps_matrix_toml_flags_axes_seeds_and_rules() -> None:
                   "--quantization int8", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"):
         assert flags in plan.stdout
     assert plan.stdout.count("session rtx") == 12
+    h200 = load_matrix(ROOT / "examples" / "seed-emulated-h200.toml")  # the device's variant of the same
+    assert {n: (f.role, f.args, dict(f.env)) for n, f in h200.flags.items()} == \
+        {n: (f.role, f.args, dict(f.env)) for n, f in seed.flags.items()}
+    assert h200.run.seeds == seed.run.seeds and h200.verdict == seed.verdict and list(h200.cards) == list(seed.cards)
+    assert [h200.cards[c].vram_gib for c in h200.cards] == [24, 16]
