@@ -209,6 +209,8 @@ class HostCache(CondSource):
             self.end_layer(layer)
         self.host.clear()
         if self.slot is not None:
+            if self.stream is not None:  # no copy may still read the buffer the next request will refill
+                self.stream.synchronize()
             self.e.pinned.release(self.slot)
             self.slot = None
 
