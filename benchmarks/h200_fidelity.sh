@@ -49,6 +49,11 @@ matplotlib, rich, prometheus_client; print('imports ok')"; } >>"$SUMMARY" 2>&1
 }
 
 bench() {
+    # The CUDA unit checks of the engine (pool reuse, fp8, whole-device cap), when pytest is there.
+    if python3 -c "import pytest" 2>/dev/null; then
+        timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/refserver/test_cuda.py -m "not slow" \
+            >"$OUT/test-cuda.txt" 2>&1; echo "test_cuda exit $?" >>"$SUMMARY"
+    else echo "no pytest on the device: tests/refserver/test_cuda.py not run" >>"$SUMMARY"; fi
     # Item 9: the host conditioning cache, one pinned allocation per request vs the reusable pool
     # (the earlier H200 run: 29.4 GiB host peak, 5.5-13.8 s per request at 4 refs, 1024x1024, 8 steps).
     python3 benchmarks/refserver.py --device cuda --preset h200-24g --steps 8 --size 1024x1024 --refs 4 \

@@ -65,10 +65,51 @@ def test_cuda_int8_and_offload() -> None:
     assert 25 <= psnr(ref, np.asarray(q.generate(req(1)).images[0])) <= 50
     del q
     release()
-    off = engine(cpu_offload=True)
+    off = engine(offload="layerwise")
     assert off.device_weight_bytes < on_device / 2 and off.host_pinned_bytes > w / 2
     assert psnr(ref, np.asarray(off.generate(req(1)).images[0])) >= 40
     del off
+    release()
+
+
+def test_cuda_pinned_pool_reused_and_fp8() -> None:
+    """The host cache's pinned buffers are allocated once and reused; the images match the device cache's."""
+    dev = engine()
+    ref = np.asarray(dev.generate(req(2)).images[0])
+    w = dev.weight_bytes
+    del dev
+    release()
+    pooled = engine(cond_cache="host")
+    a = pooled.generate(req(2))
+    first = pooled.pinned.nbytes
+    assert first > 0 and pooled.pinned.buffers[0].is_pinned()
+    b = pooled.generate(req(2))
+    assert pooled.pinned.nbytes == first  # reused, not reallocated
+    assert png_bytes(a.images[0]) == png_bytes(b.images[0])
+    assert psnr(ref, np.asarray(a.images[0])) >= 40
+    pooled.generate(req(4))
+    assert pooled.pinned.nbytes > first  # grown once for the larger request
+    del pooled
+    release()
+    f8 = engine(quantization="fp8")
+    assert f8.weight_bytes < 0.7 * w
+    assert psnr(ref, np.asarray(f8.generate(req(2)).images[0])) >= 25
+    del f8
+    release()
+
+
+def test_cuda_whole_device_cap_counts_the_context() -> None:
+    """Under --vram-gib the allocator may use the cap minus what the device holds outside PyTorch."""
+    e = engine(vram_gib=2.0)
+    assert e.mem.whole_device and e.mem.non_pytorch > 0
+    e.generate(req(1))
+    used = e.mem.device_used()
+    assert used <= 2 * 2**30, used
+    del e
+    release()
+    loose = engine(vram_gib=2.0, whole_device=False)
+    assert loose.mem.non_pytorch == 0
+    del loose
     release()
 
 
