@@ -89,8 +89,9 @@ class Service:
         with self.lock:
             queue_s = time.perf_counter() - t0
             log.info("request %d id=%s start endpoint=%s refs=%d size=%dx%d steps=%d seed=%d true_cfg=%.2f "
-                     "outputs=%d cond_cache=%s queue_s=%.3f faults=%s", n, rid, endpoint, len(req.references),
-                     req.width, req.height, req.steps, req.seed, req.true_cfg_scale, req.num_outputs,
+                     "cfg_runs=%s outputs=%d cond_cache=%s queue_s=%.3f faults=%s", n, rid, endpoint,
+                     len(req.references), req.width, req.height, req.steps, req.seed, req.true_cfg_scale,
+                     req.true_cfg_scale > 1 and req.negative_prompt is not None, req.num_outputs,
                      self.config.cond_cache, queue_s, ",".join(sorted(faults)) or "-")
             _flush_logs()
             if (delay := self.config.faults.delay_s(n)) > 0:  # fault jitter: a controlled latency
