@@ -69,7 +69,7 @@ class Service:
             return protocol.parse_edits(form, files, c.preset, c.model_name, c.api)
         body = json.loads(raw)
         if endpoint == "chat":
-            return protocol.parse_chat(body, c.preset, c.api)
+            return protocol.parse_chat(body, c.preset, c.api, c.faults.corrupt_ref)
         return protocol.parse_images(body, c.preset, c.model_name, c.api)
 
     def execute(self, n: int, endpoint: str, raw: Any, rid: str) -> Reply:

@@ -5,6 +5,8 @@ to; without @N it applies to every request. Two faults act at load instead: `loa
 `slow-load=SECONDS` (also spelled `slow-load@SECONDS`). `jitter=MIN:MAX[:SEED]` adds to every request a
 sleep drawn uniformly from [MIN, MAX] seconds by a generator seeded with SEED and the request number: a
 latency distribution the runner's noise handling can be tested against, the same on every server start.
+`corrupt-ref=K` damages the K-th data-URI reference of every chat request on arrival (its bytes cut to a
+quarter before decoding), as if it had been corrupted on its way: 0.30 drops it with its warning and serves.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import random
 from dataclasses import dataclass, field
 
 REQUEST_FAULTS = ("exit", "hang", "malformed-json", "no-image", "wrong-size", "transparent", "grey")
-LOAD_FAULTS = ("load-fail", "slow-load", "jitter")
+LOAD_FAULTS = ("load-fail", "slow-load", "jitter", "corrupt-ref")
 # Faults that make no sense "on every request" must name their request.
 NEEDS_N = ("exit", "hang")
 
@@ -30,6 +32,7 @@ class FaultPlan:
     load_fail: bool = False
     slow_load_s: float = 0.0
     jitter: tuple[float, float, int] | None = None  # (min s, max s, seed)
+    corrupt_ref: int | None = None  # 1-based reference damaged on arrival in every chat request
     specs: tuple[str, ...] = field(default=(), compare=False)
 
     @classmethod
@@ -38,6 +41,7 @@ class FaultPlan:
         load_fail = False
         slow_load = 0.0
         jitter = None
+        corrupt_ref = None
         for spec in specs or []:
             kind, sep, arg = spec.strip().replace("=", "@", 1).partition("@")
             if kind == "load-fail":
@@ -49,6 +53,11 @@ class FaultPlan:
                     raise ValueError(f"--fault {spec}: slow-load needs seconds, e.g. slow-load=5") from None
             elif kind == "jitter":
                 jitter = _jitter(spec, arg)
+            elif kind == "corrupt-ref":
+                if not arg.isdigit() or int(arg) < 1:
+                    raise ValueError(f"--fault {spec}: corrupt-ref needs a 1-based reference number, "
+                                     "e.g. corrupt-ref=3")
+                corrupt_ref = int(arg)
             elif kind in REQUEST_FAULTS:
                 n: int | None = None
                 if sep:
@@ -61,7 +70,7 @@ class FaultPlan:
             else:
                 known = ", ".join(LOAD_FAULTS + REQUEST_FAULTS)
                 raise ValueError(f"--fault {spec}: unknown kind {kind!r} (known: {known})")
-        return cls(tuple(faults), load_fail, slow_load, jitter, tuple(specs or ()))
+        return cls(tuple(faults), load_fail, slow_load, jitter, corrupt_ref, tuple(specs or ()))
 
     def for_request(self, n: int) -> frozenset[str]:
         """Kinds that apply to request number n."""

@@ -191,7 +191,17 @@ def merged_params(body: dict[str, Any], api: str) -> dict[str, Any]:
 
 
 # --- endpoints ------------------------------------------------------------------------------------
-def parse_chat(body: Any, preset: Preset, api: str = "0.30") -> Parsed:
+def damaged(url: str) -> str:
+    """The data URI with its image bytes cut to a quarter (fault corrupt-ref)."""
+    head, _, data = url.partition(",")
+    try:
+        raw = base64.b64decode(data)
+    except (binascii.Error, ValueError):
+        return url
+    return head + "," + base64.b64encode(raw[: max(1, len(raw) // 4)]).decode()
+
+
+def parse_chat(body: Any, preset: Preset, api: str = "0.30", corrupt_ref: int | None = None) -> Parsed:
     """POST /v1/chat/completions: prompt = text parts of user messages, references = data-URI image_url
     parts in order (http(s) URLs ignored). 0.30 drops (logs) a reference that does not decode and serves
     the rest; 2025-12 refuses it with a 400."""
@@ -228,6 +238,8 @@ def parse_chat(body: Any, preset: Preset, api: str = "0.30") -> Parsed:
                 if not url.startswith("data:"):
                     continue  # http(s) URLs are ignored, as upstream does
                 received += 1
+                if received == corrupt_ref:
+                    url = damaged(url)
                 try:
                     refs.append(decode_data_uri(url, f"messages[{i}].content[{j}].image_url"))
                 except BadRequest as exc:

@@ -117,3 +117,14 @@ def test_true_cfg_without_negative_prompt_warns(tmp_path: Path, capsys) -> None:
     assert "true_cfg_scale = 4 without negative_prompt" in err and str(path) in err
     load_matrix(ROOT / "examples" / "local.toml")
     assert "negative_prompt" not in capsys.readouterr().err
+
+
+def test_corrupt_ref_fault_parses() -> None:
+    import pytest
+
+    from runner.refserver.faults import FaultPlan
+
+    assert FaultPlan.parse(["corrupt-ref=3"]).corrupt_ref == 3
+    assert FaultPlan.parse([]).corrupt_ref is None
+    with pytest.raises(ValueError, match="1-based reference number"):
+        FaultPlan.parse(["corrupt-ref=0"])

@@ -19,11 +19,10 @@ pytestmark = pytest.mark.slow
 
 
 def test_corrupt_third_reference_is_failed_not_served_and_peaks_carry_their_source(tmp_path: Path) -> None:
-    # header intact (the runner can tell its type), pixel data cut short: the server cannot decode it
-    corrupt = tmp_path / "ref-3-corrupt.png"
-    corrupt.write_bytes(REFS[2].read_bytes()[:200])
-    refs_ok = json.dumps([str(p) for p in REFS[:3]])
-    refs_bad = json.dumps([str(REFS[0]), str(REFS[1]), str(corrupt)])
+    # The runner's preflight refuses a reference file that does not decode, so the third reference is
+    # corrupted on arrival at the server (fault corrupt-ref=3) in the flag set "damaged": the server drops
+    # it with vLLM-Omni 0.30's warning and answers 200 with an image made from two.
+    refs = json.dumps([str(p) for p in REFS[:3]])
     path = tmp_path / "m.toml"
     path.write_text(textwrap.dedent(f"""
         [run]
@@ -50,17 +49,16 @@ def test_corrupt_third_reference_is_failed_not_served_and_peaks_carry_their_sour
         [flags.default]
         role = "default"
 
-        [fixtures.good]
-        prompt = "shapes on a table"
-        references = {refs_ok}
+        [flags.damaged]
+        role = "other"
+        args = ["--fault", "corrupt-ref=3"]
 
-        [fixtures.bad]
+        [fixtures.shapes]
         prompt = "shapes on a table"
-        references = {refs_bad}
+        references = {refs}
 
         [matrix]
         references = [2, 3]
-        fixtures = ["good", "bad"]
         """))
     proc = subprocess.run([sys.executable, "-m", "runner", str(path), "--no-progress"], capture_output=True,
                           text=True, timeout=300, cwd=tmp_path)
@@ -68,24 +66,25 @@ def test_corrupt_third_reference_is_failed_not_served_and_peaks_carry_their_sour
     (run_dir,) = (tmp_path / "results").glob("fidelity-*")
 
     def step(key: str) -> dict:
-        return json.loads((run_dir / f"roomy/default/{key}.json").read_text())
+        return json.loads((run_dir / f"roomy/{key}.json").read_text())
 
-    dropped = step("refs-3/bad-seed-1")
+    dropped = step("damaged/refs-3/shapes-seed-1")
     assert dropped["status"] == "failed" and dropped["failure"]["kind"] == "references_dropped"
     assert dropped["failure"]["http_status"] == 200 and "served 2 of 3" in dropped["failure"]["message"]
     assert any("Failed to decode reference image" in e for e in dropped["failure"]["evidence"])
-    assert not (run_dir / "roomy/default/refs-3/bad-seed-1.png").exists()
-    # the first two references of that fixture are fine: 2 references are served
-    assert step("refs-2/bad-seed-1")["status"] == "ok"
+    assert not (run_dir / "roomy/damaged/refs-3/shapes-seed-1.png").exists()
+    # with two references nothing is damaged: served
+    assert step("damaged/refs-2/shapes-seed-1")["status"] == "ok"
     # every served chat step carries the server's own peak, where it came from and what it measures
-    for key in ("refs-2/good-seed-1", "refs-3/good-seed-1", "refs-2/bad-seed-1"):
+    for key in ("default/refs-2/shapes-seed-1", "default/refs-3/shapes-seed-1", "damaged/refs-2/shapes-seed-1"):
         s = step(key)
         assert s["status"] == "ok"
         assert s["server_peak_mib"] > 0
         assert s["server_peak_source"] == "choices[0].message.content[0].peak_memory_mb"
         assert s["server_peak_measures"] == "reserved"
         assert s["peaks"][0]["source"] == "server-response"
-    assert step("refs-3/good-seed-1")["server_peak_mib"] > step("refs-2/good-seed-1")["server_peak_mib"]
+    assert step("default/refs-3/shapes-seed-1")["server_peak_mib"] > \
+        step("default/refs-2/shapes-seed-1")["server_peak_mib"]
 
 
 def test_seed_emulated_keeps_matrix_toml_flags_axes_seeds_and_rules() -> None:
