@@ -356,7 +356,7 @@ def decide(card: str, steps: list[StepRecord], sessions: list[SessionRecord], ru
     others = {f: ({"stop": "served", "why": f"serves {target}; its role ({roles[f]}) does not count",
                    "record": None, "server_says": []} if at.get(f) and at[f].served else why_not(f).to_json())
               for f in roles if roles[f] not in rules.offload_roles and roles[f] != "default"}
-    served_elsewhere = [f for f in roles if at.get(f) and at[f].served]
+    served_elsewhere = [f for f in others if at.get(f) and at[f].served]
     if served_elsewhere:
         notes.append(f"served {target} only under non-offload flag set(s) {', '.join(served_elsewhere)}, "
                      f"which do not count for this verdict")

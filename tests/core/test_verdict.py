@@ -211,6 +211,15 @@ def test_ratio_interval_straddling_the_limit_is_undecided() -> None:
     assert "straddles 2.5: rerun with more repeats" in v.reason
 
 
+def test_an_undecided_offload_flag_set_is_not_called_non_offload() -> None:
+    # Seen on the H200: 'layerwise' (offload, ratio straddling) was listed beside fp8/int8 as "non-offload".
+    steps = [*_latency_case((1.5, 2.9, 2.0, 2.4)), step("int8", "quantization", 2)]
+    v = decide("c", steps, [*SESSIONS, session("int8", "quantization")], RULES)
+    assert v.world == World.UNDECIDED
+    assert [n for n in v.notes if "non-offload" in n] == [
+        "served 2 only under non-offload flag set(s) int8, which do not count for this verdict"]
+
+
 def test_ratio_interval_clearly_over_rejects_that_flag_set() -> None:
     v = decide("c", _latency_case((3.0, 3.3, 3.1, 3.2)), SESSIONS, RULES)  # 3.0/1.1 = 2.73 > 2.5
     assert v.world == World.NOT_BUILT
