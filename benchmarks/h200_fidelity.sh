@@ -6,7 +6,7 @@
 #
 #   bash benchmarks/h200_fidelity.sh prep        # HERE, once: cp312 wheels the device lacks -> .whl/h200/
 #   bash benchmarks/h200_fidelity.sh [all]       # ON THE DEVICE (carry .whl): bench, then the example
-#   bash benchmarks/h200_fidelity.sh bench|seed  # one part only (e.g. a second call if `all` ran out of time)
+#   bash benchmarks/h200_fidelity.sh bench|seed|capseed  # one part only (e.g. a second call if `all` ran out of time)
 #
 # The device has python3.12 and torch (CUDA) but no fastapi/uvicorn/pydantic/docker/jsonschema and no
 # registry: `prep` downloads those wheels here (versions of this checkout's venv), the device installs them
@@ -59,6 +59,10 @@ bench() {
     python3 benchmarks/refserver.py --device cuda --preset h200-24g --steps 8 --size 1024x1024 --refs 4 \
         --repeats 5 --modes host --server-args "--vram-gib 24" --variants "before=--no-pinned-pool;after=" \
         >"$OUT/pinned-pool.txt" 2>&1
+    cap
+}
+
+cap() {
     # Item 8: NVML's whole-device figure under a 24 GiB cap, allocator-only cap vs whole-device cap
     # (the earlier run: 24.64 GiB seen on a "24 GiB" card at the 3-reference OOM).
     python3 benchmarks/refserver.py --device cuda --preset h200-24g --steps 8 --size 1024x1024 --refs 2,3 \
@@ -105,6 +109,7 @@ case "${1:-all}" in
     prep) prep ;;
     bench) setup; bench; cat "$OUT"/pinned-pool.txt "$OUT"/whole-device.txt | grep '^|' ;;
     seed) setup; seed 570; cat "$SUMMARY" ;;
+    capseed) setup; cap; seed $((570 - SECONDS)); cat "$SUMMARY"; grep -h '^|' "$OUT"/whole-device.txt ;;
     all) setup; bench; left=$((570 - SECONDS)); [ "$left" -gt 30 ] || left=30; seed "$left"; cat "$SUMMARY"; grep -h '^|' "$OUT"/pinned-pool.txt "$OUT"/whole-device.txt ;;
-    *) echo "usage: $0 prep|all|bench|seed" >&2; exit 2 ;;
+    *) echo "usage: $0 prep|all|bench|seed|capseed" >&2; exit 2 ;;
 esac

@@ -341,14 +341,21 @@ class Engine:
         return model
 
     def warm_up(self) -> None:
-        """CUDA: one tiny request, so the kernels PyTorch loads lazily sit in the context before the
-        whole-device cap is worked out (CudaMemory.fit_to_device)."""
+        """CUDA: one one-step request at the seed's size, so the kernels PyTorch loads lazily for large shapes
+        sit in the context before the whole-device cap is worked out (CudaMemory.fit_to_device); a card too
+        small for that request gets a tiny one. (H200: with either warm-up NVML v2 `used` stayed within the
+        24 GiB cap at the 3-reference OOM, 23.73 GiB; docs/evidence/h200-fidelity.)"""
         if self.device.type != "cuda":
             return
-        ref = Image.new("RGB", (64, 64), (120, 60, 30))
-        req = GenerationRequest(prompt="warm up", references=(ref,), width=64, height=64, steps=1, seed=0,
-                                true_cfg_scale=4.0, negative_prompt=" ")
-        self.generate(req)
+        for side in (1024, 64):
+            ref = Image.new("RGB", (64, 64), (120, 60, 30))
+            req = GenerationRequest(prompt="warm up", references=(ref,), width=side, height=side, steps=1,
+                                    seed=0, true_cfg_scale=4.0, negative_prompt=" ")
+            try:
+                self.generate(req)
+                break
+            except torch.OutOfMemoryError:
+                torch.cuda.empty_cache()
         self.mem.fit_to_device()
 
     def cond_cache_bytes_per_reference(self) -> int:
@@ -420,6 +427,7 @@ class Engine:
                     noise = torch.randn((1, p.latent_channels, h, w), generator=gen, device=dev)
                     x = self._patchify(noise)
                     for step in range(req.steps):
+                        self.mem.fit_to_device()  # the context can grow mid-request (kernels for a new shape)
                         t, t_next = timesteps[step], timesteps[step + 1]
                         v = self._velocity(x, t, conds[0], th, tw)
                         if cfg:
