@@ -15,8 +15,11 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from runner.vocab import Dialect
 
 
 @dataclass(frozen=True)
@@ -64,49 +67,59 @@ def _data_uri(mime: str, data: bytes) -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode()}"
 
 
-def _build_edits(req: ImageRequest) -> HttpCall:
-    """POST /v1/images/edits, multipart: one `image[]` part per reference, in order."""
-    form: dict[str, Any] = {"model": req.model, "prompt": req.prompt, "n": 1, "response_format": "b64_json",
-                            "seed": req.seed, "num_inference_steps": req.steps}
+def _chat(req: ImageRequest) -> HttpCall:
+    """POST /v1/chat/completions: ordered image_url references, generation parameters in a literal
+    `extra_body` key (the placement every vLLM-Omni generation reads)."""
+    extra: dict[str, Any] = {"num_inference_steps": req.steps, "seed": req.seed}
     if req.size:
-        form["size"] = f"{req.size[0]}x{req.size[1]}"
+        extra["width"], extra["height"] = req.size
+    extra |= _cfg(req)
+    content: list[dict[str, Any]] = [{"type": "text", "text": req.prompt}]
+    content += [{"type": "image_url", "image_url": {"url": _data_uri(m, d)}} for m, d in req.references]
+    return HttpCall("/v1/chat/completions", {"model": req.model,
+                                              "messages": [{"role": "user", "content": content}],
+                                              "extra_body": extra})
+
+
+def _cfg(req: ImageRequest) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     if req.true_cfg_scale is not None:
-        form["true_cfg_scale"] = req.true_cfg_scale
+        out["true_cfg_scale"] = req.true_cfg_scale
     if req.negative_prompt is not None:
-        form["negative_prompt"] = req.negative_prompt
+        out["negative_prompt"] = req.negative_prompt
+    return out
+
+
+def _images_fields(req: ImageRequest) -> dict[str, Any]:
+    """The OpenAI images fields with vLLM-Omni's extensions, shared by generations (JSON) and edits (form)."""
+    fields: dict[str, Any] = {"model": req.model, "prompt": req.prompt, "n": 1, "response_format": "b64_json",
+                              "seed": req.seed, "num_inference_steps": req.steps}
+    if req.size:
+        fields["size"] = f"{req.size[0]}x{req.size[1]}"
+    return fields | _cfg(req)
+
+
+def _generations(req: ImageRequest) -> HttpCall:
+    """POST /v1/images/generations (no references)."""
+    return HttpCall("/v1/images/generations", _images_fields(req))
+
+
+def _edits(req: ImageRequest) -> HttpCall:
+    """POST /v1/images/edits, multipart: one `image[]` part per reference, in order."""
     ext = {"image/png": "png", "image/jpeg": "jpg", "image/webp": "webp"}
     files = tuple(("image[]", (f"ref-{i + 1}.{ext.get(m, 'bin')}", d, m)) for i, (m, d) in enumerate(req.references))
-    return HttpCall("/v1/images/edits", form, files)
+    return HttpCall("/v1/images/edits", _images_fields(req), files)
+
+
+BUILDERS: dict[Dialect, Callable[[ImageRequest], HttpCall]] = {
+    Dialect.VLLM_OMNI_CHAT: _chat,
+    Dialect.OPENAI_IMAGES: _generations,
+    Dialect.OPENAI_IMAGES_EDITS: _edits,
+}
 
 
 def build(dialect: str, req: ImageRequest) -> HttpCall:
-    if dialect == "vllm-omni-chat":
-        extra: dict[str, Any] = {"num_inference_steps": req.steps, "seed": req.seed}
-        if req.size:
-            extra["width"], extra["height"] = req.size
-        if req.true_cfg_scale is not None:
-            extra["true_cfg_scale"] = req.true_cfg_scale
-        if req.negative_prompt is not None:
-            extra["negative_prompt"] = req.negative_prompt
-        content: list[dict[str, Any]] = [{"type": "text", "text": req.prompt}]
-        content += [{"type": "image_url", "image_url": {"url": _data_uri(m, d)}} for m, d in req.references]
-        return HttpCall("/v1/chat/completions", {"model": req.model,
-                                                  "messages": [{"role": "user", "content": content}],
-                                                  "extra_body": extra})
-    if dialect == "openai-images":
-        body: dict[str, Any] = {"model": req.model, "prompt": req.prompt, "n": 1,
-                                "response_format": "b64_json", "seed": req.seed,
-                                "num_inference_steps": req.steps}
-        if req.size:
-            body["size"] = f"{req.size[0]}x{req.size[1]}"
-        if req.true_cfg_scale is not None:
-            body["true_cfg_scale"] = req.true_cfg_scale
-        if req.negative_prompt is not None:
-            body["negative_prompt"] = req.negative_prompt
-        return HttpCall("/v1/images/generations", body)
-    if dialect == "openai-images-edits":
-        return _build_edits(req)
-    raise ValueError(f"unknown dialect {dialect!r}")
+    return BUILDERS[Dialect(dialect)](req)
 
 
 def _b64(text: str) -> bytes | None:
