@@ -25,9 +25,8 @@ if [ "$gpu" = 1 ]; then
 elif .venv/bin/python -c "import torch" 2>/dev/null; then
     :  # keep whatever torch is already there (rerun, or one installed by hand for this machine's CUDA)
 elif .venv/bin/python -c "import urllib.request as u; u.urlopen('$cpu_index/torch/', timeout=5)" 2>/dev/null \
-    && "${pip[@]}" --timeout 15 --retries 1 --index-url "$cpu_index" --extra-index-url https://pypi.org/simple \
-        "torch==$torch_version"; then
-    :
+    && "${pip[@]}" --timeout 15 --retries 1 --extra-index-url "$cpu_index" "torch==$torch_version"; then
+    :  # the index's 2.13.0+cpu sorts above the configured index's 2.13.0, so pip takes the CPU build
 else
     "${pip[@]}" "torch==$torch_version"
 fi
