@@ -31,7 +31,7 @@ from typing import Any
 from runner.failures import error_lines, without_stamp
 from runner.matrix import VerdictRules
 from runner.records import Failure, FailureClass, SessionRecord, Status, StepRecord
-from runner.units import fmt_bytes
+from runner.units import fmt_bytes, fmt_s
 
 
 class World(StrEnum):
@@ -212,7 +212,7 @@ class Latency:
     samples: tuple[int, int]  # timed sends: offload side, reference side
 
     def text(self) -> str:
-        return f"latency ratio {self.ratio} [{self.low}–{self.high}] vs {self.reference}"
+        return f"latency ratio {self.ratio:.2f} [{self.low:.2f}–{self.high:.2f}] vs {self.reference}"
 
 
 def server_says(failure: Failure) -> tuple[str, ...]:
@@ -389,8 +389,8 @@ def _label(b: Blocked) -> str:
 
 
 def _wall(cell: Cell) -> str:
-    spread = (f" [{cell.wall_min_s}–{cell.wall_max_s}]" if cell.wall_samples > 1 else "")
-    return f"{cell.wall_s} s/request{spread} (median of {cell.wall_samples})"
+    spread = (f" [{fmt_s(cell.wall_min_s)}–{fmt_s(cell.wall_max_s)}]" if cell.wall_samples > 1 else "")
+    return f"{fmt_s(cell.wall_s)} s/request{spread} (median of {cell.wall_samples})"
 
 
 def _psnr(cell: Cell) -> str:
