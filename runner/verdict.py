@@ -31,7 +31,7 @@ from typing import Any
 from runner.failures import error_lines, without_stamp
 from runner.matrix import VerdictRules
 from runner.records import Failure, FailureClass, SessionRecord, Status, StepRecord
-from runner.units import fmt_bytes, fmt_s
+from runner.units import clip, fmt_bytes, fmt_s
 
 
 class World(StrEnum):
@@ -378,10 +378,9 @@ def decide(card: str, steps: list[StepRecord], sessions: list[SessionRecord], ru
 
 
 def _short(line: str) -> str:
-    """A log line for a one-line reason: without its leading timestamp, at most 200 characters (the
-    evidence keeps it whole)."""
-    line = without_stamp(line)
-    return line if len(line) <= 200 else line[:199] + "…"
+    """A log line for a one-line reason: without its leading timestamp, about 200 characters, cut where
+    units.clip cuts (never between a number and its unit; the evidence keeps it whole)."""
+    return clip(without_stamp(line), 200)
 
 
 def _label(b: Blocked) -> str:

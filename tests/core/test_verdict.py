@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from runner.matrix import VerdictRules
@@ -242,3 +243,15 @@ def test_more_repeats_narrow_the_interval() -> None:
     low, high = ratio_interval(many, ref)
     assert 1.0 < low < 1.5 < high < 2.0  # the same extremes among many: the median is pinned down
     assert ratio_interval(many, ref) == (low, high)  # a fixed seed: the verdict stays a pure function
+
+
+def test_a_long_server_line_in_the_reason_is_not_cut_between_a_number_and_its_unit() -> None:
+    # Seen in report.md: "... GPU 0 has a total capacity of 5.00 MiB of which 104.05 Ki…".
+    line = ("ERROR refserver: request 13 generation failed: CUDA out of memory. Tried to allocate 257.00 KiB "
+            "GPU 0 has a total capacity of 5.00 MiB of which 104.05 KiB is free. Including non-PyTorch memory "
+            "this process has 4.90 MiB memory in use. Of the allocated memory 4.10 MiB is allocated by PyTorch")
+    steps = [step("default", "default", 2, Status.FAILED, kind=FailureClass.CRASH, evidence=(line,))]
+    v = decide("c", steps, [session("default", "default")], RULES)
+    said = v.reason.split("server log: ", 1)[1]
+    assert len(said) <= 202 and said.endswith(" …") and not re.search(r"\w…", said)  # whole words only
+    assert line.startswith(said.removesuffix(" …")) and not re.search(r"\d[\d.]* …$", said)
