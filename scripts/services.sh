@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The real components the integration tests drive: Docker Engine (started here), Prometheus and sshd
-# binaries (the tests start their own instances on 127.0.0.1), debootstrap for the offline base image.
+# binaries (the tests start their own instances on 127.0.0.1), debootstrap for the offline base image, and a
+# one-node Slurm (munge, slurmctld, slurmd: scripts/slurm-local.sh) for the slurm backend.
 # Debian packages only; needs root.
 set -euo pipefail
 need=()
@@ -21,3 +22,4 @@ fi
 docker info --format 'docker engine {{.ServerVersion}} up' || { tail -20 /var/log/runner-dockerd.log; exit 1; }
 # The reference-server image the docker tests run (offline: debootstrap base + wheelhouse; cached).
 "$(dirname "$0")/../docker/refserver/build.sh"
+"$(dirname "$0")/slurm-local.sh"

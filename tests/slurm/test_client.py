@@ -1,0 +1,80 @@
+"""runner.slurm.client against the real slurmctld/slurmd of scripts/slurm-local.sh."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from runner.slurm import client, parse
+from tests.slurm.conftest import wait_for
+
+HOLD = "#!/bin/sh\nexec sleep 300\n"
+
+
+def test_the_local_cluster_offers_two_gpu_types(slurm: None) -> None:
+    nodes = client.nodes()
+    assert nodes, "sinfo lists no node"
+    offered = set().union(*(parse.gres_types(n.gres) for n in nodes))
+    assert {"rtx3090", "rtx5080"} <= offered
+    assert client.partition("debug") is not None and client.partition("debug")["State"] == "UP"
+    assert client.partition("no-such-partition") is None
+
+
+def test_two_gpu_types_run_side_by_side_each_with_its_own_device(tag: str, tmp_path: Path) -> None:
+    ids = {}
+    for gpu in ("rtx3090", "rtx5080"):
+        out = tmp_path / f"{gpu}.out"
+        ids[gpu] = client.sbatch([f"--job-name={tag}-{gpu}", f"--gres=gpu:{gpu}:1", f"--output={out}"],
+                                 "#!/bin/sh\necho CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES\nexec sleep 300\n")
+    running = wait_for(lambda: [j for j in client.jobs(job_ids=list(ids.values())) if j.state == "RUNNING"]
+                       if len([j for j in client.jobs(job_ids=list(ids.values())) if j.state == "RUNNING"]) == 2
+                       else None)
+    assert {j.gres for j in running} == {"gres:gpu:rtx3090:1", "gres:gpu:rtx5080:1"}
+    seen = {gpu: wait_for(lambda g=gpu: (tmp_path / f"{g}.out").read_text().strip()
+                          if (tmp_path / f"{g}.out").exists() else None) for gpu in ids}
+    assert sorted(seen.values()) == ["CUDA_VISIBLE_DEVICES=0", "CUDA_VISIBLE_DEVICES=1"]
+
+
+def test_a_third_job_on_a_busy_type_pends_with_a_reason(tag: str) -> None:
+    first = client.sbatch([f"--job-name={tag}-a", "--gres=gpu:rtx3090:1", "--output=/dev/null"], HOLD)
+    wait_for(lambda: client.job(first) and client.job(first).state == "RUNNING")
+    second = client.sbatch([f"--job-name={tag}-b", "--gres=gpu:rtx3090:1", "--output=/dev/null"], HOLD)
+    job = wait_for(lambda: (j := client.job(second)) and j.reason != "None" and j)
+    assert job.pending and job.reason == "Resources"
+    client.scancel(first)
+    wait_for(lambda: client.job(second).state == "RUNNING")
+
+
+def test_a_step_cancelled_from_outside_leaves_slurmstepds_line_in_its_log(tag: str, tmp_path: Path) -> None:
+    job_id = client.sbatch([f"--job-name={tag}", "--gres=gpu:rtx5080:1", "--output=/dev/null"], HOLD)
+    wait_for(lambda: client.job(job_id).state == "RUNNING")
+    log = tmp_path / "server.log"
+    step = subprocess.Popen(client.srun_argv(job_id, name="server", output=str(log),
+                                             command=["sh", "-c", "echo started; exec sleep 300"]),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        found = wait_for(lambda: [s for s in client.steps(job_id) if s.name == "server"])
+        assert found[0].step_id.startswith(f"{job_id}.")
+        client.scancel(found[0].step_id)
+        assert step.wait(timeout=30) != 0
+    finally:
+        step.kill()
+    end = parse.cluster_end(log.read_text())
+    assert end is not None and end.cause == "cancelled" and f"STEP {found[0].step_id}" in end.line
+    assert client.job(job_id).state == "RUNNING", "cancelling a step must leave its allocation"
+
+
+def test_failures_are_one_line(slurm: None) -> None:
+    with pytest.raises(client.SlurmError, match=r"[Ii]nvalid partition"):
+        client.sbatch(["--partition=no-such-partition", "--output=/dev/null"], HOLD)
+    with pytest.raises(client.SlurmError) as exc:
+        client.sbatch(["--gres=gpu:h100:1", "--output=/dev/null"], HOLD)
+    assert "\n" not in str(exc.value)
+    client.scancel(999_999_999)  # gone already: not an error
+
+
+def test_sacct_says_when_the_cluster_keeps_no_accounting(slurm: None) -> None:
+    # The local cluster has no slurmdbd (accounting_storage/none): sacct must say so, not return nothing.
+    assert client.sacct([1]) is None
