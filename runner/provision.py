@@ -9,7 +9,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 REPO = Path(__file__).resolve().parents[1]
 # ansible-playbook's prompt for -K / --ask-become-pass; ansible-runner answers it from `passwords`.
@@ -46,6 +46,16 @@ def run_kwargs(args: argparse.Namespace, extravars: dict[str, str], become_passw
     return kwargs
 
 
+def read_become_password(stdin: TextIO) -> str:
+    """A person at a terminal is asked on it (no echo); piped input (`... -K < file`, a test, CI) gives the
+    password as its first line. getpass alone would open the controlling terminal even when stdin is a
+    pipe, and wait there for a keyboard that a script never uses."""
+    if stdin.isatty():
+        return getpass.getpass("BECOME password: ")
+    print("BECOME password: (read from stdin, which is not a terminal)", file=sys.stderr)
+    return stdin.readline().rstrip("\r\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not args.playbook.is_file():
@@ -59,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         extravars[key] = value
     # Asked here, once, and handed to ansible-runner's prompt answering: never put on a command line or in a file.
-    password = getpass.getpass("BECOME password: ") if args.ask_become_pass else None
+    password = read_become_password(sys.stdin) if args.ask_become_pass else None
     import ansible_runner
 
     venv_bin = str(Path(sys.executable).parent)
