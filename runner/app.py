@@ -77,8 +77,9 @@ def banner(run: Opened, todo: Pending) -> str:
             f"→ {run.store.root}")
 
 
-def resume_command(matrix_path: str, root: Path) -> str:
-    return shlex.join(["runner", matrix_path, "--resume", str(root)])
+def resume_command(command: Sequence[str], root: Path) -> str:
+    """The run's own command line (program as invoked, matrix, options) with `--resume RUN_DIR`."""
+    return shlex.join([*command, "--resume", str(root)])
 
 
 def execute(run: Opened, events: Events, todo: Pending) -> bool:
@@ -132,12 +133,43 @@ def exit_status(worlds: Sequence[str], steps_left: int) -> int:
     return EXIT_INCOMPLETE if steps_left or World.UNDECIDED in worlds else EXIT_OK
 
 
+def check_reachable(matrix: Matrix, todo: Pending, *, skip_unreachable: bool) -> Pending:
+    """Every host the pending sessions will use answers (preflight, nothing started yet): else one line per
+    card and exit 2, or — with --skip-unreachable — that card is left out of this invocation with one line,
+    its steps kept for a resume."""
+    from runner import reach
+    from runner.pending import without_cards
+
+    cards = list(dict.fromkeys(c for lane in todo.lanes for c in lane.cards))
+    down = reach.unreachable(matrix, cards)
+    if not down:
+        return todo
+    lines = list(dict.fromkeys(u.line() for u in down))
+    skipped = list(dict.fromkeys(u.card for u in down))
+    if not skip_unreachable or len(skipped) == len(cards):
+        tail = ("; nothing started (--skip-unreachable runs the other cards without it)"
+                if len(skipped) < len(cards) else "; nothing started")
+        raise UserError("\n".join(line + tail for line in lines))
+    left = without_cards(todo, skipped)
+    for card in skipped:
+        n = todo.steps - without_cards(todo, [card]).steps
+        why = "; ".join(u.line().split(": ", 1)[1] for u in down if u.card == card)
+        print(f"runner: skipping card '{card}' ({n} step(s), left for --resume): {why}", file=sys.stderr)
+    return left
+
+
 def run(matrix_path: str, *, results: str | None = None, resume: str | None = None, progress: bool = True,
-        metrics_port: int | None = None) -> int:
+        metrics_port: int | None = None, skip_unreachable: bool = False,
+        command: Sequence[str] | None = None) -> int:
+    """`command`: how this run was invoked, less --resume/--results (cli.py builds it), for the printed
+    resume command."""
     from runner.progress import ProgressView
 
+    command = list(command) if command is not None else ["runner", matrix_path]
     opened = open_run(matrix_path, results, resume)
     todo = left_to_do(opened) if opened.resumed else pending(opened.plan, (), ())
+    if todo.steps:
+        todo = check_reachable(opened.matrix, todo, skip_unreachable=skip_unreachable)
     opened.store.write_run(RunRecord.from_json(opened.run_doc).to_json())
     print(banner(opened, todo), file=sys.stderr)
     if todo.steps:
@@ -184,11 +216,11 @@ def run(matrix_path: str, *, results: str | None = None, resume: str | None = No
         done = left.planned_steps - left.steps
         print(f"runner: interrupted; kept {done} of {left.planned_steps} step(s) in {opened.store.root} "
               f"(partial report: {opened.store.root / 'report.md'}); {left.steps} left. Resume with:\n"
-              f"  {resume_command(matrix_path, opened.store.root)}", file=sys.stderr)
+              f"  {resume_command(command, opened.store.root)}", file=sys.stderr)
         return EXIT_INTERRUPTED
     if left.steps:
         print(f"runner: {left.steps} step(s) not done (see report); a resume sends them: "
-              f"{resume_command(matrix_path, opened.store.root)}", file=sys.stderr)
+              f"{resume_command(command, opened.store.root)}", file=sys.stderr)
     return exit_status([v.world for v in verdicts], left.steps)
 
 

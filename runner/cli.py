@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import shutil
 import sys
 from pathlib import Path
 
@@ -18,17 +19,44 @@ from runner.errors import UserError
 EXIT_HELP = """exit status of a run:
   0    every card reached a world (fits-resident, offload-works, not-built)
   1    some card is undecided, or steps are left that --resume would send
-  2    bad input (one line naming file/key/value; nothing started)
+  2    bad input (one line naming file/key/value; nothing started), or a host a card uses
+       does not answer (one line per card; --skip-unreachable runs the other cards)
   130  interrupted (Ctrl-C): finished steps kept, partial report written, resume command printed"""
 
 COMMANDS = ("run", "plan", "report", "compare", "provision", "refserver", "meter")
 
 
+def invoked_as(argv0: str | None = None, executable: str | None = None) -> list[str]:
+    """The program as the user typed it, for the printed resume command: `.venv/bin/runner` when that is what
+    ran (README's setup puts nothing on PATH), plain `runner` only when PATH finds this very script,
+    `python -m runner` as run."""
+    argv0 = sys.argv[0] if argv0 is None else argv0
+    executable = sys.executable if executable is None else executable
+    if Path(argv0).name == "__main__.py":  # python -m runner
+        return [_from_cwd(executable), "-m", "runner"]
+    on_path = shutil.which(Path(argv0).name)
+    if on_path and Path(argv0).exists() and Path(on_path).resolve() == Path(argv0).resolve():
+        return [Path(argv0).name]
+    return [_from_cwd(argv0)]
+
+
+def _from_cwd(path: str) -> str:
+    """A path under the working folder as ./relative (how a person types it), anything else as it is."""
+    try:
+        rel = Path(path).absolute().relative_to(Path.cwd())
+    except ValueError:
+        return path
+    return str(rel) if len(rel.parts) > 1 else f"./{rel}"
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from runner import app
 
+    again = [*invoked_as(), args.matrix, *(["--no-progress"] if args.no_progress else []),
+             *(["--metrics-port", str(args.metrics_port)] if args.metrics_port is not None else []),
+             *(["--skip-unreachable"] if args.skip_unreachable else [])]
     return app.run(args.matrix, results=args.results, resume=args.resume, progress=not args.no_progress,
-                   metrics_port=args.metrics_port)
+                   metrics_port=args.metrics_port, skip_unreachable=args.skip_unreachable, command=again)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -88,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-progress", action="store_true", help="no live bars, only one line per step")
     run.add_argument("--metrics-port", type=int, metavar="PORT",
                      help="serve the run's live metrics for Prometheus on 127.0.0.1:PORT (monitoring/ uses 9450)")
+    run.add_argument("--skip-unreachable", action="store_true",
+                     help="carry on without a card whose Docker host, sidecar, dcgm-exporter or Prometheus does not "
+                     "answer in preflight (one line says so; its steps are left for --resume); without it such a "
+                     "card stops the run before anything starts (exit 2)")
     run.set_defaults(func=cmd_run)
     plan = sub.add_parser("plan", help="print the plan of a matrix without running anything")
     plan.add_argument("matrix")
@@ -141,5 +173,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except UserError as exc:
-        print(f"runner: error: {exc}", file=sys.stderr)
+        for line in str(exc).splitlines() or [""]:  # one line per problem (several unreachable cards)
+            print(f"runner: error: {line}", file=sys.stderr)
         return exc.exit_code

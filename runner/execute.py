@@ -415,7 +415,8 @@ class _Server:
             self.failure = Failure(FailureClass.LOAD_EXIT, f"{type(exc).__name__}: {exc}"[:500])
             self.server.stop()
         self.t_ready = time.time()
-        r.ctx.events.session_ready(r.card.name, r.flags.name, self.ready_s)
+        why = None if self.failure is None else f"{self.failure.kind}: {self.failure.message}"
+        r.ctx.events.session_ready(r.card.name, r.flags.name, self.ready_s, why)
         self.checkpoint(force=True)
         return None if self.failure is None else self.failure.kind
 

@@ -34,7 +34,7 @@ class RunExporter(Events):
     def session_started(self, card: str, flags: str, attempt: int) -> None:
         self.session.labels(self.run_id, card, flags).set(1)
 
-    def session_ready(self, card: str, flags: str, ready_s: float | None) -> None:
+    def session_ready(self, card: str, flags: str, ready_s: float | None, why: str | None = None) -> None:
         if ready_s is None:
             self.session.labels(self.run_id, card, flags).set(0)
 

@@ -49,3 +49,14 @@ def pending(plan: Plan, steps: Iterable[StepRecord], sessions: Iterable[SessionR
         if todo:
             lanes.append(Lane(lane.name, tuple(dict.fromkeys(s.card for s in todo)), todo))
     return Pending(tuple(lanes), len(plan.sessions), len(plan.steps))
+
+
+def without_cards(todo: Pending, cards: Iterable[str]) -> Pending:
+    """What is left once these cards are set aside for this invocation (their steps stay for a resume)."""
+    drop = set(cards)
+    lanes = []
+    for lane in todo.lanes:
+        kept = tuple(s for s in lane.sessions if s.card not in drop)
+        if kept:
+            lanes.append(Lane(lane.name, tuple(c for c in lane.cards if c not in drop), kept))
+    return Pending(tuple(lanes), todo.planned_sessions, todo.planned_steps)

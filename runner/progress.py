@@ -12,12 +12,30 @@ from rich.table import Column
 
 from runner.events import Events
 from runner.failures import without_stamp
+from runner.pending import step_done as decided
 from runner.records import Status, StepRecord
 from runner.units import clip, fmt_bytes, fmt_s
 from runner.verdict import Cell, Verdict, World
 
 SESSION_WIDTH = 42  # fixed column widths: the bars do not shift between frames as texts change length
 MEMORY_WIDTH = 22
+BAR_WIDTH = 40  # rich's default
+# What gives way, in order, down to how little: the bar to 12 cells first, then the memory text ("mem –
+# (loading)" is 15; the session text says "loading" too), the session text, and last the bar down to 8.
+SHRINK = (("bar", 12), ("memory", 15), ("session", 16), ("bar", 8))
+
+
+def column_widths(console_width: int, lane_width: int, count_width: int) -> tuple[int, int, int]:
+    """(session, memory, bar) widths so a row fits the terminal: in 80 columns the bar, the step count, the
+    elapsed time and the start of the session text stay readable (SHRINK says what gives way first)."""
+    fixed = lane_width + count_width + 7 + 5  # + elapsed (H:MM:SS) + one space between the six columns
+    widths = {"session": SESSION_WIDTH, "memory": MEMORY_WIDTH, "bar": BAR_WIDTH}
+    over = sum(widths.values()) - (console_width - fixed - 1)
+    for name, least in SHRINK:
+        cut = max(0, min(over, widths[name] - least))
+        widths[name] -= cut
+        over -= cut
+    return widths["session"], widths["memory"], widths["bar"]
 
 
 def step_line(r: StepRecord) -> str:
@@ -47,13 +65,20 @@ def verdict_line(v: Verdict, limit: int = 200) -> str:
     head = f"{v.card}: {v.world}" + (f" ({v.flags})" if v.flags else "")
     ev = v.evidence
     if v.world in (World.FITS_RESIDENT, World.OFFLOAD_WORKS) and ev.get("peak_bytes") is not None:
-        parts = [f"{v.target_references} refs at peak {fmt_bytes(ev['peak_bytes'])} ({ev.get('peak_source')})",
+        # Each figure with the reference count it was measured at: the latency ratio may be at a smaller
+        # count than the peak and the time (the largest count the default serves too).
+        parts = [f"peak {fmt_bytes(ev['peak_bytes'])} ({ev.get('peak_source')})",
                  f"{fmt_s(ev.get('wall_s'))} s/request"]
-        if ev.get("latency_ratio") is not None:
-            parts.append(f"{ev['latency_ratio']:.2f}× the reference latency")
         if ev.get("psnr_db") is not None:
             parts.append(f"PSNR {ev['psnr_db']:.1f} dB")
-        body = ", ".join(parts)
+        body = f"at {v.target_references} refs: " + ", ".join(parts)
+        if ev.get("latency_ratio") is not None:
+            ref = ev.get("latency_reference") or {}
+            n = ref.get("references")
+            against = ("the baseline's recorded time" if str(ref.get("what", "")).startswith("the baseline")
+                       else "the default's")
+            ratio = f"{ev['latency_ratio']:.2f}× {against} latency"
+            body += f"; {ratio}" if n in (None, v.target_references) else f"; at {n} refs: {ratio}"
     elif v.world == World.NOT_BUILT and v.cells:
         order = dict.fromkeys([*ev.get("flag_sets", {}), *(c.flags for c in v.cells)])
         body = f"at {v.target_references} refs: " + ", ".join(f"{f} {_ceiling(v.cells, f)}" for f in order)
@@ -81,12 +106,13 @@ def _ceiling(cells: tuple[Cell, ...], flags: str) -> str:
 class ProgressView(Events):
     def __init__(self, console: Console | None = None, enabled: bool = True) -> None:
         self.console = console or Console(stderr=True, soft_wrap=True)
+        self.session_column = Column(width=SESSION_WIDTH, no_wrap=True, overflow="ellipsis")
+        self.memory_column = Column(width=MEMORY_WIDTH, no_wrap=True, overflow="ellipsis")
+        self.bar = BarColumn()
         self.progress = Progress(TextColumn("[bold]{task.fields[lane]}[/]"),
-                                 TextColumn("{task.fields[session]}", table_column=Column(
-                                     width=SESSION_WIDTH, no_wrap=True, overflow="ellipsis")),
-                                 BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                 TextColumn("{task.fields[memory]}", table_column=Column(
-                                     width=MEMORY_WIDTH, no_wrap=True, overflow="ellipsis")),
+                                 TextColumn("{task.fields[session]}", table_column=self.session_column),
+                                 self.bar, MofNCompleteColumn(), TimeElapsedColumn(),
+                                 TextColumn("{task.fields[memory]}", table_column=self.memory_column),
                                  console=self.console, disable=not enabled)
         self.tasks: dict[str, int] = {}
         self.shared: dict[str, bool] = {}  # card → its lane holds several cards (then labels name the card)
@@ -105,6 +131,15 @@ class ProgressView(Events):
             task = self.progress.add_task(lane, total=total_steps, lane=lane, session="starting", memory="")
             self.tasks.update({lane: task, **{card: task for card in cards}})
             self.shared.update({card: len(cards) > 1 for card in cards})
+            self._fit()
+
+    def _fit(self) -> None:
+        """Column widths for this terminal and these lanes (called as lanes appear)."""
+        tasks = self.progress.tasks
+        lane_width = max((len(t.fields.get("lane", "")) for t in tasks), default=8)
+        count_width = max((2 * len(str(int(t.total or 0))) + 1 for t in tasks), default=5)
+        session, memory, bar = column_widths(self.console.width, lane_width, count_width)
+        self.session_column.width, self.memory_column.width, self.bar.bar_width = session, memory, bar
 
     def _label(self, card: str, flags: str) -> str:
         return f"{card}/{flags}" if self.shared.get(card) else flags
@@ -115,21 +150,28 @@ class ProgressView(Events):
         label = f"{self._label(card, flags)} loading{' (restart ' + str(attempt) + ')' if attempt else ''}"
         self.progress.update(self.tasks[card], session=label, memory="mem – (loading)")
 
-    def session_ready(self, card: str, flags: str, ready_s: float | None) -> None:
+    def session_ready(self, card: str, flags: str, ready_s: float | None, why: str | None = None) -> None:
         self.loading[card] = False
         text = (f"{self._label(card, flags)} ready in {fmt_s(ready_s)} s" if ready_s is not None
                 else f"{self._label(card, flags)} did not start")
         self.progress.update(self.tasks[card], session=text, memory="" if ready_s is None else "mem –")
         if ready_s is None:
-            self.console.print(f"{card}/{flags}: server did not start")
+            reason = f" ({clip(why, 200)})" if why else ""
+            self.console.print(f"{card}/{flags}: server did not start{reason}", highlight=False, markup=False)
 
     def step_done(self, record: StepRecord) -> None:
-        self.progress.advance(self.tasks[record.card])
-        self.console.print(step_line(record), highlight=False)
+        # Only decided steps count: one skipped for a passing reason (run interrupted, GPU held, restart budget
+        # used) is still to do, and a bar at 40/40 after Ctrl-C would say the opposite.
+        if decided(record):
+            self.progress.advance(self.tasks[record.card])
+        self.console.print(step_line(record), highlight=False, markup=False)
 
     def memory(self, card: str, device_bytes: int | None) -> None:
         value = "–" if device_bytes is None else fmt_bytes(device_bytes)
         self.progress.update(self.tasks[card], memory=f"mem {value}{' (loading)' if self.loading.get(card) else ''}")
 
     def lane_done(self, lane: str) -> None:
-        self.progress.update(self.tasks[lane], session="done", memory="")
+        task = next(t for t in self.progress.tasks if t.id == self.tasks[lane])
+        left = int((task.total or 0) - task.completed)
+        self.progress.update(self.tasks[lane], session="done" if left <= 0 else f"stopped: {left} left to do",
+                             memory="")

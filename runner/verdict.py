@@ -210,6 +210,7 @@ class Latency:
     reference: str  # what it was compared with, in words
     reference_wall_s: float
     samples: tuple[int, int]  # timed sends: offload side, reference side
+    references: int | None = None  # the count both sides were timed at (the console says it)
 
     def text(self) -> str:
         return f"latency ratio {self.ratio:.2f} [{self.low:.2f}–{self.high:.2f}] vs {self.reference}"
@@ -234,7 +235,7 @@ def _walls(cell: Cell) -> tuple[float, ...]:
     return cell.walls_s or ((cell.wall_s,) if cell.wall_s else ())  # verdict.json of earlier runs: no samples
 
 
-def _ratio(off: Cell, ref: Cell | None, base_wall: float | None, what: str) -> Latency | None:
+def _ratio(off: Cell, ref: Cell | None, base_wall: float | None, what: str, n: int) -> Latency | None:
     """Median over median with its bootstrap interval (a recorded baseline wall time is one sample)."""
     num = _walls(off)
     den = _walls(ref) if ref is not None else (base_wall,) if base_wall else ()
@@ -243,7 +244,7 @@ def _ratio(off: Cell, ref: Cell | None, base_wall: float | None, what: str) -> L
     ratio = statistics.median(num) / statistics.median(den)
     low, high = ratio_interval(num, den)
     return Latency(round(ratio, 3), round(low, 3), round(high, 3), what, round(statistics.median(den), 4),
-                   (len(num), len(den)))
+                   (len(num), len(den)), n)
 
 
 def latency(flags: str, cells: list[Cell], defaults: list[str], target: int,
@@ -256,10 +257,10 @@ def latency(flags: str, cells: list[Cell], defaults: list[str], target: int,
     if common:
         n, d = common[-1]
         return _ratio(served[(flags, n)], served[(d, n)], None,
-                      f"default '{d}' at {n} reference(s), both sides at {n}")
+                      f"default '{d}' at {n} reference(s), both sides at {n}", n)
     if (flags, target) in served and baseline_wall_s:
         return _ratio(served[(flags, target)], None, baseline_wall_s,
-                      f"the baseline's recorded wall time ({baseline_wall_s:g} s) at {target} reference(s)")
+                      f"the baseline's recorded wall time ({baseline_wall_s:g} s) at {target} reference(s)", target)
     return None
 
 
@@ -406,7 +407,8 @@ def _evidence(cell: Cell, lat: Latency | None) -> dict[str, Any]:
             "latency_ratio": None if lat is None else lat.ratio,
             "latency_interval": None if lat is None else [lat.low, lat.high],
             "latency_reference": None if lat is None else {"wall_s": lat.reference_wall_s, "what": lat.reference,
-                                                           "samples": list(lat.samples)}}
+                                                           "samples": list(lat.samples),
+                                                           "references": lat.references}}
 
 
 def decide_all(steps: list[StepRecord], sessions: list[SessionRecord], rules: VerdictRules,

@@ -32,6 +32,7 @@ FORBIDDEN = {
     "runner.rescore": ("runner.execute", "runner.app", "runner.cli"),
     "runner.execute": ("runner.app", "runner.cli", "runner.report", "runner.progress", "runner.exporter"),
     "runner.app": ("runner.cli",),
+    "runner.reach": ("runner.execute", "runner.app", "runner.cli", "runner.store", "runner.meters"),
 }
 
 

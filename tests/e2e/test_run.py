@@ -253,7 +253,7 @@ def test_interrupt_keeps_records_and_resume_finishes(tmp_path: Path) -> None:
     assert "interrupted" in err and "Traceback" not in err
     run_dir = next(tmp_path.glob("results/e2e-*"))
     # what was kept and the exact resume command are printed; a partial report is written
-    assert f"runner {path} --resume {run_dir}" in err and "kept " in err
+    assert f"-m runner {path} --no-progress --resume {run_dir}" in err and "kept " in err
     report = (run_dir / "report.md").read_text()
     assert "interrupted" in report and "run interrupted" in report
     records = {p: p.read_bytes() for p in run_dir.glob("roomy/default/refs-*/*.json")}

@@ -1,0 +1,116 @@
+"""What the console prints, read as a person at a terminal would: bars that keep the bar, the count and the
+time in 80 columns; a bar that does not say done for steps left after Ctrl-C; a start failure with its
+reason on its line; each verdict figure with the reference count it was measured at; the resume command as
+the program was invoked."""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from runner.cli import invoked_as
+from runner.progress import ProgressView, column_widths, verdict_line
+from runner.records import Status
+from runner.verdict import Verdict, World
+
+from .test_plots import step
+
+
+def rendered(view: ProgressView, width: int) -> list[str]:
+    out = Console(width=width, color_system=None, record=True, file=io.StringIO())
+    out.print(view.progress.get_renderable())
+    return [ln for ln in out.export_text().splitlines() if ln.strip()]
+
+
+def two_lanes(width: int) -> ProgressView:
+    view = ProgressView(Console(width=width, color_system=None, file=io.StringIO()))
+    view.lane_started("cpu-roomy", ("cpu-roomy",), 40)
+    view.lane_started("gpu0", ("rtx3090", "rtx5080"), 96)
+    view.session_started("cpu-roomy", "cond-host", 0)
+    view.session_started("rtx3090", "cpu-offload-expandable", 1)
+    view.memory("rtx3090", int(23.5 * 2**30))
+    view.progress.advance(view.tasks["gpu0"], 48)
+    return view
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_bars_stay_readable_in_a_narrow_terminal(width: int) -> None:
+    lines = rendered(two_lanes(width), width)
+    assert len(lines) == 2
+    for line in lines:
+        assert len(line) <= width, line
+        assert "0:00:00" in line  # elapsed time kept
+    gpu = next(ln for ln in lines if ln.startswith("gpu0"))
+    assert "48/96" in gpu and gpu.count("━") >= 5  # half of a bar of at least 12 cells (was "━ …" in 80)
+    assert "rtx3090/cpu-off" in gpu and "mem 23.50 GiB" in gpu
+
+
+def test_column_widths_shrink_in_order_and_keep_minimums() -> None:
+    assert column_widths(200, 9, 5) == (42, 22, 40)  # wide: rich's widths
+    session, memory, bar = column_widths(80, 9, 5)
+    assert bar == 12 and memory == 15 and 16 <= session < 42
+    assert 9 + 5 + 7 + 5 + session + memory + bar < 80
+    assert column_widths(40, 9, 5) == (16, 15, 8)  # never below what still reads
+
+
+def test_bars_do_not_say_done_for_steps_left_after_ctrl_c() -> None:
+    view = ProgressView(Console(file=io.StringIO(), width=120), enabled=False)
+    view.lane_started("cpu", ("c",), 4)
+    view.step_done(step("c", "default", 1))
+    for n in (2, 3, 4):
+        left = replace(step("c", "default", n, Status.SKIPPED), skip_reason="run interrupted")
+        view.step_done(left)
+    view.lane_done("cpu")
+    task = view.progress.tasks[0]
+    assert task.completed == 1 and task.fields["session"] == "stopped: 3 left to do"
+    # a step decided without sending (implied by an OOM) counts as done
+    view.lane_started("cpu2", ("d",), 1)
+    view.step_done(replace(step("d", "default", 2, Status.SKIPPED), implied_by="d/default/refs-1/f-seed-1"))
+    view.lane_done("cpu2")
+    assert view.progress.tasks[1].fields["session"] == "done"
+
+
+def test_a_start_failure_gives_its_reason_on_its_line() -> None:
+    buf = io.StringIO()
+    view = ProgressView(Console(file=buf, width=200, color_system=None), enabled=False)
+    view.lane_started("cpu", ("cpu-tiny",), 4)
+    view.session_started("cpu-tiny", "default", 0)
+    view.session_ready("cpu-tiny", "default", None,
+                       "oom_at_load: server exited with 1 while loading: [bold]CUDA out of memory. Tried to allocate")
+    line = next(ln for ln in buf.getvalue().splitlines() if "did not start" in ln)
+    assert line.startswith("cpu-tiny/default: server did not start (oom_at_load: server exited with 1")
+    assert "[bold]CUDA out of memory" in line  # server text is printed as it is, never read as markup
+
+
+def test_verdict_line_says_the_reference_count_of_each_figure() -> None:
+    ev = {"peak_bytes": 7.36 * 2**20, "peak_source": "server-response", "wall_s": 0.84, "psnr_db": 100.0,
+          "latency_ratio": 1.34, "latency_reference": {"wall_s": 0.47, "what": "default 'default' at 2 "
+                                                       "reference(s), both sides at 2", "references": 2}}
+    v = Verdict("cpu-tight", World.OFFLOAD_WORKS, 4, "cond-host", "", evidence=ev, cells=(), notes=())
+    line = verdict_line(v)
+    assert line == ("cpu-tight: offload-works (cond-host) — at 4 refs: peak 7.36 MiB (server-response), "
+                    "0.84 s/request, PSNR 100.0 dB; at 2 refs: 1.34× the default's latency")
+    same = verdict_line(replace(v, evidence={**ev, "latency_reference": {**ev["latency_reference"],
+                                                                         "references": 4}}))
+    assert same.endswith("PSNR 100.0 dB; 1.34× the default's latency")
+
+
+def test_the_resume_command_is_the_program_as_invoked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    venv = tmp_path / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    script = venv / "runner"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert invoked_as(".venv/bin/runner", "/usr/bin/python3") == [".venv/bin/runner"]  # README's setup
+    assert invoked_as(str(script), "/usr/bin/python3") == [".venv/bin/runner"]  # as ./relative
+    monkeypatch.setenv("PATH", f"{venv}{os.pathsep}/usr/bin")
+    assert invoked_as(str(script), "/usr/bin/python3") == ["runner"]  # found on PATH: the short name
+    main = str(Path(__file__).resolve().parents[2] / "runner" / "__main__.py")
+    assert invoked_as(main, str(venv / "python")) == [".venv/bin/python", "-m", "runner"]
