@@ -13,7 +13,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from runner import __version__
+from runner import __version__, quote
 from runner.errors import UserError
 
 EXIT_HELP = """exit status of a run:
@@ -174,5 +174,5 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except UserError as exc:
         for line in str(exc).splitlines() or [""]:  # one line per problem (several unreachable cards)
-            print(f"runner: error: {line}", file=sys.stderr)
+            print(f"runner: error: {quote.console(line)}", file=sys.stderr)  # may quote a file's or server's text
         return exc.exit_code

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from runner.reading import BadReading, to_bytes
 from runner.vocab import Dialect
 
 
@@ -132,7 +133,13 @@ def _b64(text: str) -> bytes | None:
 
 
 def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """A peak_memory_mb that is a memory figure (reading.py: finite, not negative, below 1 PiB), else None:
+    a NaN or -5000 in a response is no peak."""
+    try:
+        to_bytes(value, "peak_memory_mb", 2**20)
+    except BadReading:
+        return None
+    return float(value)
 
 
 def server_peak(doc: dict[str, Any]) -> ServerPeak | None:

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 from PIL import Image
 
-from runner import backends, baseline, dialects, policy, scoring
+from runner import backends, baseline, bounded, dialects, policy, scoring
 from runner.backends.base import RunningServer, ServerSpec, StartFailed
 from runner.events import Events
 from runner.failures import classify_request, references_dropped
@@ -124,8 +124,10 @@ class HttpResult:
     timed_out: bool
     t0: float  # epoch seconds at send
     t1: float  # epoch seconds at response (or failure)
-    log_window: str  # server log written between send and response (+ a short grace)
+    log_window: str  # server log written between send and response (+ a short grace), quoted
     exit_code: int | None  # the server's exit code when it died meanwhile
+    oom_killed: bool = False  # ... killed by the kernel's OOM killer (host memory)
+    problem: str | None = None  # the answer was refused unread (body over the cap)
 
     @property
     def wall_s(self) -> float:
@@ -202,39 +204,48 @@ class SessionRunner:
     def _send(self, client: httpx.Client, server: RunningServer, call: dialects.HttpCall) -> HttpResult:
         log0 = server.log_size()
         t0 = time.time()
-        status, content, timed_out = None, b"", False
-        try:
-            response = client.post(server.base_url + call.path, **call.httpx_kwargs(),
-                                   timeout=httpx.Timeout(self.run.request_timeout_s, connect=10.0))
-            status, content = response.status_code, response.content
-        except httpx.TimeoutException:
+        status, content, timed_out, problem = None, b"", False, None
+        try:  # request_timeout_s is the whole answer's deadline, and the body has a cap (bounded.py)
+            answer = bounded.exchange(client, "POST", server.base_url + call.path, **call.httpx_kwargs(),
+                                      deadline_s=self.run.request_timeout_s, max_bytes=bounded.body_cap(self.run.size))
+            status, content = answer.status, answer.content
+        except bounded.Overdue:
             timed_out = True
+        except bounded.TooLarge as exc:
+            problem = f"response refused: {exc} (the requested image needs far less)"
         except httpx.HTTPError as exc:
             content = f"{type(exc).__name__}: {exc}".encode()
         t1 = time.time()
         exit_info = server.exited()
-        if status is None or status >= 400:
+        if problem is None and (status is None or status >= 400):
             # The log line that explains a failure can trail the response (or the exit) by a moment.
             deadline = time.monotonic() + 2.0
             while time.monotonic() < deadline and (exit_info := server.exited()) is None and status is None:
                 time.sleep(0.1)
             time.sleep(0.3)
         return HttpResult(status, content, timed_out, t0, t1, server.read_log(log0),
-                          None if exit_info is None else exit_info.code)
+                          None if exit_info is None else exit_info.code,
+                          exit_info is not None and exit_info.oom_killed, problem)
 
-    def _observe(self, sent: HttpResult, references: int) -> Observed:
+    def _observe(self, sent: HttpResult, references: int, server: RunningServer) -> Observed:
         """What the session policy needs now (OOM? server lost?); the image is decoded on the scoring worker,
-        where an undecodable one becomes a bad_response record."""
-        parsed = dialects.parse(self.profile.dialect, sent.content) if sent.status == 200 else None
+        where an undecodable one becomes a bad_response record. Every text of the server is quoted."""
+        parsed = dialects.parse(self.profile.dialect, sent.content) if sent.status == 200 and not sent.problem \
+            else None
         image_bytes = parsed.image if parsed else None
-        problem = parsed.problem if parsed else None
-        failure = classify_request(http_status=sent.status, body=sent.content[:4000].decode("utf-8", "replace"),
-                                   log_window=sent.log_window, timed_out=sent.timed_out,
-                                   server_exit=sent.exit_code, parse_problem=problem) or references_dropped(
-            log_window=sent.log_window, sent=references, http_status=sent.status)
+        problem = sent.problem or (parsed.problem if parsed else None)
+        if sent.problem and sent.exit_code is None:  # refused unread: what the server meant is unknown
+            failure: Failure | None = Failure(FailureClass.BAD_RESPONSE, sent.problem, (), sent.status)
+        else:
+            failure = classify_request(http_status=sent.status, body=server.quote(sent.content[:4000]),
+                                       log_window=sent.log_window, timed_out=sent.timed_out,
+                                       server_exit=sent.exit_code, parse_problem=problem,
+                                       oom_killed=sent.oom_killed) or references_dropped(
+                log_window=sent.log_window, sent=references, http_status=sent.status)
         if failure is None and image_bytes is None:
             failure = Failure(FailureClass.BAD_RESPONSE, problem or "no image", ())
-        return Observed(failure, image_bytes if failure is None else None, parsed.server_peak if parsed else None)
+        return Observed(None if failure is None else server.quote_failure(failure),
+                        image_bytes if failure is None else None, parsed.server_peak if parsed else None)
 
     def execute(self, client: httpx.Client, server: RunningServer, meters: list[Meter], step: Step,
                 attempt: int, determinism_resend: bool) -> StepRecord | Served:
@@ -252,8 +263,8 @@ class SessionRunner:
         reported: list[dialects.ServerPeak] = []
         for i in range(total):
             sent = self._send(client, server, call)
-            sends.append(sent)
-            seen = self._observe(sent, step.references)
+            seen = self._observe(sent, step.references, server)
+            sends.append(replace(sent, content=b""))  # only the images kept below are needed from here on
             if seen.server_peak is not None:
                 reported.append(seen.server_peak)
             if seen.failure is not None:
@@ -296,7 +307,7 @@ class SessionRunner:
         record and the PNG to keep beside it (none when the image does not decode: a bad response)."""
         step = served.record
         try:
-            image = scoring.decode(served.image_bytes)
+            image = scoring.decode(served.image_bytes, bounded.pixel_cap(self.run.size))
         except Exception as exc:  # any undecodable payload is a bad response, with its reason
             problem = f"image does not decode: {type(exc).__name__}: {exc}"
             failure = step.failure or Failure(FailureClass.BAD_RESPONSE, problem, ())
@@ -310,7 +321,8 @@ class SessionRunner:
         if served.repeat_image is not None:
             # How far apart: numerical noise (high dB) or an ignored seed (low dB)?
             try:
-                repeat_psnr = scoring.score(scoring.decode(served.repeat_image), image, None).psnr_db
+                repeat = scoring.decode(served.repeat_image, bounded.pixel_cap(self.run.size))
+                repeat_psnr = scoring.score(repeat, image, None).psnr_db
             except Exception:  # an undecodable repeat is simply not comparable
                 repeat_psnr = None
         return replace(step, scores=scores, repeat_psnr_db=repeat_psnr), served.image_bytes
@@ -410,9 +422,10 @@ class _Server:
             self.server.start()
             self.ready_s = self.server.wait_ready(r.run.ready_timeout_s)
         except StartFailed as exc:
-            self.failure = exc.failure
+            self.failure = self.server.quote_failure(exc.failure)
         except Exception as exc:  # the backend itself failed (engine unreachable, bad image...)
-            self.failure = Failure(FailureClass.LOAD_EXIT, f"{type(exc).__name__}: {exc}"[:500])
+            self.failure = self.server.quote_failure(
+                Failure(FailureClass.LOAD_EXIT, f"{type(exc).__name__}: {exc}"[:500]))
             self.server.stop()
         self.t_ready = time.time()
         why = None if self.failure is None else f"{self.failure.kind}: {self.failure.message}"

@@ -56,10 +56,17 @@ def _with_cause(message: str, text: str) -> str:
     return f"{message}: {without_stamp(found[0])}" if found else message
 
 
+HOST_OOM = ("killed by the kernel OOM killer: host memory (the container's memory limit or the machine's RAM), "
+            "not device memory")
+
+
 def classify_request(*, http_status: int | None, body: str, log_window: str, timed_out: bool,
-                     server_exit: int | None, parse_problem: str | None) -> Failure | None:
+                     server_exit: int | None, parse_problem: str | None, oom_killed: bool = False) -> Failure | None:
     """A request's outcome → a Failure, or None when an image came back."""
     body_oom, log_oom = oom_lines(body), oom_lines(log_window)
+    if oom_killed:  # the engine says so (docker's State.OOMKilled): an OOM, of host memory, not a crash
+        return Failure(FailureClass.OOM, f"server {HOST_OOM}, during the request",
+                       log_oom or _evidence(log_window), http_status, server_exit)
     if server_exit is not None:
         if log_oom:
             return Failure(FailureClass.OOM, f"server exited with code {server_exit} during the request",
@@ -113,7 +120,7 @@ def classify_start(*, exit_code: int | None, oom_killed: bool, timed_out: bool, 
     """A server that never became ready → why."""
     ooms = oom_lines(log_tail)
     if ooms or oom_killed:
-        what = "killed by the kernel OOM killer" if oom_killed and not ooms else "out of memory at load"
+        what = HOST_OOM if oom_killed and not ooms else "out of memory at load"
         return Failure(FailureClass.OOM_AT_LOAD, what, ooms or tail(log_tail), None, exit_code)
     if timed_out:
         return Failure(FailureClass.READY_TIMEOUT, _with_cause("not ready before the deadline", log_tail),

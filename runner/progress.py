@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column
 
+from runner import quote
 from runner.events import Events
 from runner.failures import without_stamp
 from runner.pending import step_done as decided
@@ -89,7 +90,7 @@ def verdict_line(v: Verdict, limit: int = 200) -> str:
             for b in ev["blocking"])
     else:
         body = v.reason
-    return clip(f"{head} — {body}", limit)
+    return quote.console(clip(f"{head} — {body}", limit))
 
 
 def _ceiling(cells: tuple[Cell, ...], flags: str) -> str:
@@ -157,14 +158,15 @@ class ProgressView(Events):
         self.progress.update(self.tasks[card], session=text, memory="" if ready_s is None else "mem –")
         if ready_s is None:
             reason = f" ({clip(why, 200)})" if why else ""
-            self.console.print(f"{card}/{flags}: server did not start{reason}", highlight=False, markup=False)
+            self.console.print(quote.console(f"{card}/{flags}: server did not start{reason}"), highlight=False,
+                               markup=False)
 
     def step_done(self, record: StepRecord) -> None:
         # Only decided steps count: one skipped for a passing reason (run interrupted, GPU held, restart budget
         # used) is still to do, and a bar at 40/40 after Ctrl-C would say the opposite.
         if decided(record):
             self.progress.advance(self.tasks[record.card])
-        self.console.print(step_line(record), highlight=False, markup=False)
+        self.console.print(quote.console(step_line(record)), highlight=False, markup=False)
 
     def memory(self, card: str, device_bytes: int | None) -> None:
         value = "–" if device_bytes is None else fmt_bytes(device_bytes)

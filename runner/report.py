@@ -3,17 +3,18 @@ The plots themselves are drawn in runner/plots.py; this module decides what goes
 
 from __future__ import annotations
 
+import re
 import statistics
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from runner import plots
+from runner import plots, quote
 from runner.failures import without_stamp
 from runner.meters.reconcile import reconcile, render
 from runner.records import Failure, SessionRecord, Status, StepRecord
-from runner.store import RunStore, load_memory
+from runner.store import RunStore, inside, load_memory
 from runner.units import GIB, clip, fmt_bytes, fmt_s
 from runner.verdict import Cell, IdenticalPair, Verdict, World, identical_pairs
 
@@ -34,10 +35,17 @@ def _story(b: dict[str, Any] | str) -> str:
     """A flag set's stop from verdict.json: what stopped it, the deciding record, the server's own line."""
     if isinstance(b, str):  # verdict.json of earlier runs
         return b
-    says = "".join(f" — server: `{clip(without_stamp(line), 200)}`" for line in b.get("server_says", ()))
+    says = "".join(f" — server: {quote.code(clip(without_stamp(line), 200))}" for line in b.get("server_says", ()))
     stop = {"capacity": "stopped by capacity", "quality": "stopped by quality", "served": "serves it"}.get(
         b["stop"], "stopped by neither memory nor quality")
-    return f"**{stop}** — {b['why']}" + (f" (`{b['record']}`)" if b.get("record") else "") + says
+    return f"**{stop}** — {quote.markdown(b['why'])}" + (f" ({quote.code(b['record'])})" if b.get("record") else "") \
+        + says
+
+
+def _plot_path(out: Path, name: str) -> Path:
+    """plots/<name> with the name made a plain file name: card and flag names come from the records, and a
+    crafted record (card = "../../elsewhere") must not make the report write outside the run folder."""
+    return inside(out, re.sub(r"[^A-Za-z0-9_.-]+", "-", name).lstrip("."))
 
 
 def _ssim(steps: Sequence[StepRecord]) -> dict[tuple[str, int], float]:
@@ -62,13 +70,13 @@ def _cell_text(cell: Cell | None, ssim: float | None) -> str:
                 + (", baseline" if cell.baseline else quality))
     why = (cell.why_not or "").split(": ", 1)[-1]
     if cell.blocker == "skipped":
-        return "⏭ " + clip(why.removeprefix("skipped: "), 80)
+        return "⏭ " + quote.markdown(clip(why.removeprefix("skipped: "), 80))
     if cell.blocker == "oom":
         return f"❌ OOM (peak seen {fmt_bytes(cell.peak_bytes)})"
     if cell.blocker in ("broken", "low-psnr"):
         seen = f" ({fmt_bytes(cell.peak_bytes)}, {fmt_s(cell.wall_s)} s{quality})" if cell.peak_bytes else ""
-        return "⚠️ " + clip(why, 80) + seen
-    return "❌ " + clip(why, 80)
+        return "⚠️ " + quote.markdown(clip(why, 80)) + seen
+    return "❌ " + quote.markdown(clip(why, 80))
 
 
 def _load_peak(session: SessionRecord) -> str:
@@ -85,7 +93,7 @@ def _load_peak(session: SessionRecord) -> str:
             at_ready = " at readiness" if p.source == "server" else ""
             shown.append(f"{fmt_bytes(p.bytes)} ({p.source}{at_ready})")
         else:
-            shown.append(f"n/a: {p.source} {plots.short_reason(p.source, p.reason)}")
+            shown.append(f"n/a: {p.source} {quote.markdown(plots.short_reason(p.source, p.reason))}")
     return "; ".join(shown)
 
 
@@ -101,7 +109,7 @@ def _ready(session: SessionRecord) -> str:
 def _start_failure(fail: Failure) -> str:
     """The failure class in words and the server's own line that decided it (not the class restated)."""
     line = clip(plots.strip_log_prefix(fail.evidence[0]), 160) if fail.evidence else fail.message
-    return f"{plots.start_failure_label(fail.kind)} — {line}"
+    return f"{plots.start_failure_label(fail.kind)} — {quote.markdown(line)}"
 
 
 def _session_rows(card_sessions: list[SessionRecord], steps: list[StepRecord], cells: Sequence[Cell]) -> list[str]:
@@ -109,7 +117,7 @@ def _session_rows(card_sessions: list[SessionRecord], steps: list[StepRecord], c
             "| deterministic | failure / notes |", "|---|---|---|---|---|---|---|---|---|"]
     for s in card_sessions:
         peaks = ", ".join(f"{p.source}/{p.metric} {fmt_bytes(p.bytes)} ({p.samples} samples)" if p.available
-                          else f"{p.source}/{p.metric} n/a: {clip(p.reason or '', 90)}"
+                          else f"{p.source}/{p.metric} n/a: {quote.markdown(clip(p.reason or '', 90))}"
                           for p in s.session_peaks) or "none"
         mine = [c for c in cells if c.flags == s.flags and c.peak_bytes is not None]
         top = max(mine, key=lambda c: c.peak_bytes or 0, default=None)
@@ -118,7 +126,7 @@ def _session_rows(card_sessions: list[SessionRecord], steps: list[StepRecord], c
         det = ("–" if check is None else "yes" if check.deterministic else "**no**" + (
             f" (repeat PSNR {check.repeat_psnr_db:.1f} dB)" if check.repeat_psnr_db is not None else ""))
         fail = s.start_failure
-        what = (_start_failure(fail) if fail else "; ".join(s.notes)) or "–"
+        what = (_start_failure(fail) if fail else quote.markdown("; ".join(s.notes))) or "–"
         rows.append(f"| {s.flags} | {s.role} | {len(s.starts)} | {_ready(s)} | {_load_peak(s)} | {request} | "
                     f"{peaks} | {det} | {what.replace('|', '/')} |")
     return rows
@@ -204,7 +212,7 @@ def write_report(store: RunStore, verdicts: list[Verdict]) -> Path:
                   "the runner and say nothing about a real model's memory or speed.", ""]
     lines += ["| card | verdict | deciding flag set | why |", "|---|---|---|---|"]
     for v in verdicts:
-        lines.append(f"| {v.card} | **{v.world}** | {v.flags or '–'} | {v.reason.replace('|', '/')} |")
+        lines.append(f"| {quote.markdown(v.card)} | **{v.world}** | {v.flags or '–'} | {quote.markdown(v.reason)} |")
     for v in verdicts:
         lines += _card_section(store, v, cards, sessions, steps, styles, out)
     lines += ["## Terms and memory sources", "", *[f"- {t}" for t in TERMS], "",
@@ -228,7 +236,7 @@ def _card_section(store: RunStore, v: Verdict, cards: dict[str, Any], sessions: 
     card_steps = [st for st in steps if st.card == v.card]
     order = list(dict.fromkeys([s.flags for s in card_sessions] + [c.flags for c in v.cells]))
     roles = {c.flags: c.role for c in v.cells} | {s.flags: s.role for s in card_sessions}
-    lines = ["", f"## {v.card} — {v.world}", "", v.reason, ""]
+    lines = ["", f"## {quote.markdown(v.card)} — {v.world}", "", quote.markdown(v.reason), ""]
     if v.world in (World.NOT_BUILT, World.UNDECIDED) and v.evidence.get("flag_sets"):
         lines += [f"Every flag set at {v.target_references} reference(s):", ""]
         stories = v.evidence["flag_sets"]
@@ -237,7 +245,7 @@ def _card_section(store: RunStore, v: Verdict, cards: dict[str, Any], sessions: 
         lines.append("")
     pairs = identical_pairs(card_steps)
     pair_notes = {p.note() for p in pairs}
-    lines += [f"- note: {n}" for n in v.notes if n not in pair_notes]
+    lines += [f"- note: {quote.markdown(n)}" for n in v.notes if n not in pair_notes]
     lines += [f"- note: {_group_line(names, group)}" for names, group in identical_groups(pairs)]
     refs = sorted({c.references for c in v.cells})
     by = {(c.flags, c.references): c for c in v.cells}
@@ -264,20 +272,21 @@ def _card_section(store: RunStore, v: Verdict, cards: dict[str, Any], sessions: 
             ("latency", plots.latency_figure(v.card, card_steps, v.cells, order, styles))]
     for name, fig in figs:
         if fig is not None:
-            image = plots.save(fig, out / f"{v.card}-{name}.png")
-            lines += [f"![{v.card} {name}](plots/{image.name})", ""]
+            image = plots.save(fig, _plot_path(out, f"{v.card}-{name}.png"))
+            lines += [f"![{quote.markdown(v.card)} {name}](plots/{image.name})", ""]
     for s in card_sessions:
         rows = load_memory(store.session_dir(s.key) / "memory.csv")
         fig = plots.session_figure(s, [st for st in card_steps if st.flags == s.flags], rows, capacity)
         if fig is not None:
-            image = plots.save(fig, out / f"{s.card}--{s.flags}-memory.png")
-            lines += [f"![{s.key} memory](plots/{image.name})", ""]
+            image = plots.save(fig, _plot_path(out, f"{s.card}--{s.flags}-memory.png"))
+            lines += [f"![{quote.markdown(s.key)} memory](plots/{image.name})", ""]
     failures = [st for st in card_steps if st.status == Status.FAILED and st.failure]
     if failures:
         lines += ["Failures with evidence:", ""]
         for st in failures:
             assert st.failure is not None
             ev = clip(" / ".join(st.failure.evidence[:2]), 320)
-            lines.append(f"- `{st.key}`: {st.failure.kind} — {st.failure.message}" + (f" — `{ev}`" if ev else ""))
+            lines.append(f"- {quote.code(st.key)}: {st.failure.kind} — {quote.markdown(st.failure.message)}"
+                         + (f" — {quote.code(ev)}" if ev else ""))
         lines.append("")
     return lines

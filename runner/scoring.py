@@ -14,8 +14,13 @@ from runner.records import Sanity, Scores
 PSNR_CAP_DB = 100.0
 
 
-def decode(png: bytes) -> Image.Image:
+def decode(png: bytes, max_pixels: int | None = None) -> Image.Image:
+    """The image, decoded; with `max_pixels`, an image declaring more pixels is refused before it is
+    decoded (the header says its size: the pixels are never allocated)."""
     image = Image.open(io.BytesIO(png))
+    if max_pixels is not None and image.width * image.height > max_pixels:
+        raise ValueError(f"image declares {image.width}x{image.height} pixels, over the cap of {max_pixels} "
+                         "pixels (4× the requested size); not decoded")
     image.load()
     return image
 

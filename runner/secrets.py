@@ -83,3 +83,16 @@ def _unmasked(text: str) -> bool:
         return False
 
     return walk(doc)
+
+
+def resolved_values(env: Mapping[str, str], environ: Mapping[str, str]) -> tuple[str, ...]:
+    """Every value the runner puts into a server's environment itself: what each "${VAR}" resolved to, and
+    the whole value of a secret-looking key. A server may print any of them (a traceback, an HTTP 500 body);
+    quote.server_text masks them wherever such text is kept or shown."""
+    out: list[str] = []
+    for key, value in env.items():
+        names = _REF.findall(value)
+        out += [environ[n] for n in names if environ.get(n)]
+        if is_secret(key) or names:
+            out.append(_REF.sub(lambda m: environ.get(m.group(1), m.group(0)), value))
+    return tuple(v for v in dict.fromkeys(out) if v and not _REF.fullmatch(v))

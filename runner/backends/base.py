@@ -6,19 +6,25 @@ with the exit code and the log tail (vLLM-Omni may exit at an init OOM, or hang 
 
 from __future__ import annotations
 
+import os
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from runner import bounded, quote
 from runner.failures import classify_start
 from runner.matrix import Mount
 from runner.plan import ServerPlan
 from runner.records import Failure, FailureClass
+from runner.secrets import resolved_values
+
+PROBE_S = 5.0  # one readiness probe's total deadline (within ready_timeout_s)
+PROBE_BYTES = 1 << 20  # a /health answer larger than this is not one
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,23 @@ class RunningServer(ABC):
 
     def __init__(self, spec: ServerSpec) -> None:
         self.spec = spec
+        self._secrets: tuple[str, ...] | None = None
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """The values this runner resolved into the server's environment (masked in all it quotes)."""
+        if self._secrets is None:
+            self._secrets = resolved_values(self.spec.env, os.environ)
+        return self._secrets
+
+    def quote(self, text: str | bytes, limit: int = quote.LIMIT) -> str:
+        """Text this server sent (log, body, error), as the runner may keep it: masked, inert, bounded."""
+        return quote.server_text(text, self.secrets, limit)
+
+    def quote_failure(self, failure: Failure) -> Failure:
+        """A failure built from this server's text, with that text quoted (messages hold body excerpts)."""
+        return replace(failure, message=self.quote(failure.message, 2000),
+                       evidence=tuple(self.quote(line, 2000) for line in failure.evidence))
 
     @property
     def base_url(self) -> str:
@@ -117,7 +140,7 @@ class RunningServer(ABC):
                 data = f.read(-1 if end is None else max(0, end - start))
         except FileNotFoundError:
             return ""
-        return data.decode("utf-8", errors="replace")
+        return self.quote(data)  # every reader of the log gets it masked and inert
 
     def log_tail(self, size: int = 16_384) -> str:
         return self.read_log(max(0, self.log_size() - size))
@@ -126,7 +149,7 @@ class RunningServer(ABC):
         """Seconds until ready; raises StartFailed (after stopping the server) when it never is."""
         t0 = time.monotonic()
         url = self.base_url + self.spec.health_path
-        with httpx.Client(timeout=5.0) as client:
+        with httpx.Client() as client:
             while True:
                 gone = self.exited()
                 if gone is not None:
@@ -138,10 +161,14 @@ class RunningServer(ABC):
                 if foreign is not None:
                     self.stop()
                     raise StartFailed(Failure(FailureClass.LOAD_EXIT, foreign))
+                # Each probe has a total deadline inside ready_timeout_s: a /health that drips never holds it.
+                left = deadline_s - (time.monotonic() - t0)
                 try:
-                    if client.get(url).status_code == 200:
+                    answer = bounded.exchange(client, "GET", url, deadline_s=max(0.05, min(PROBE_S, left)),
+                                              max_bytes=PROBE_BYTES)
+                    if answer.status == 200:
                         return time.monotonic() - t0
-                except httpx.HTTPError:
+                except (httpx.HTTPError, bounded.Overdue, bounded.TooLarge):
                     pass
                 if time.monotonic() - t0 > deadline_s:
                     self.stop()

@@ -18,21 +18,33 @@ from typing import Any
 
 import httpx
 
+from runner import bounded, quote
+from runner.reading import BadReading, to_bytes
 from runner.records import Peak
+
+SCRAPE_S = 2.0  # a scrape's total deadline: a dripping or hanging exporter never stalls a step for longer
+SCRAPE_BYTES = 8 * 2**20  # a metrics page over this is not one (dcgm-exporter's page for 8 GPUs: ~100 KB)
 
 
 class SourceUnavailable(Exception):
     """read() could not get a figure; the message is the reason recorded."""
 
 
-def fetch_text(client: httpx.Client, url: str) -> str:
-    """GET a metrics page; a connection error or a non-200 answer is SourceUnavailable with the reason."""
+def scrape(client: httpx.Client, url: str, **kwargs: Any) -> bounded.Answer:
+    """GET under the scrape deadline and size cap; any failure is SourceUnavailable with the reason."""
     try:
-        response = client.get(url)
-    except httpx.HTTPError as exc:
-        raise SourceUnavailable(f"GET {url}: {type(exc).__name__}") from None
-    if response.status_code != 200:
-        raise SourceUnavailable(f"GET {url}: HTTP {response.status_code}")
+        return bounded.exchange(client, "GET", url, deadline_s=SCRAPE_S, max_bytes=SCRAPE_BYTES, connect_s=SCRAPE_S,
+                                **kwargs)
+    except (httpx.HTTPError, bounded.Overdue, bounded.TooLarge) as exc:
+        raise SourceUnavailable(f"GET {url}: {type(exc).__name__}: {quote.console(exc)[:200]}") from None
+
+
+def fetch_text(client: httpx.Client, url: str) -> str:
+    """GET a metrics page; a connection error, a slow or huge answer or a non-200 answer is SourceUnavailable
+    with the reason."""
+    response = scrape(client, url)
+    if response.status != 200:
+        raise SourceUnavailable(f"GET {url}: HTTP {response.status}")
     return response.text
 
 
@@ -140,7 +152,7 @@ class PolledMeter(Meter):
 
     def _failed(self, reason: str, now: float) -> None:
         self._errors += 1
-        self._last_error = reason
+        self._last_error = quote.console(reason)[:300]  # exporter text: inert and short in every record
         with self._lock:
             if self._in_outage:
                 self._outages[-1][1] = now
@@ -152,9 +164,11 @@ class PolledMeter(Meter):
         """One reading (the polling thread calls this every 1/hz s; tests call it with a fake clock)."""
         if self._started_at is None:
             self._started_at = self.clock()
-        try:
-            values = self.read_many()
-        except SourceUnavailable as exc:
+        try:  # every figure is checked before any is kept: the columns stay the same length
+            values = tuple(to_bytes(v, f"{self.source} reading") for v in self.read_many())
+            if len(values) != 1 + len(self._x):
+                raise BadReading(f"{self.source} reading: {len(values)} figures, expected {1 + len(self._x)}")
+        except (SourceUnavailable, BadReading) as exc:
             self._failed(str(exc), self.clock())
         except Exception as exc:  # a meter must never take the run down
             self._failed(f"{type(exc).__name__}: {exc}", self.clock())
@@ -164,9 +178,9 @@ class PolledMeter(Meter):
                 if self._t:
                     self._max_gap = max(self._max_gap, now - self._t[-1])
                 self._t.append(now)
-                self._v.append(int(values[0]))
+                self._v.append(values[0])
                 for column, value in zip(self._x, values[1:], strict=True):
-                    column.append(int(value))
+                    column.append(value)
                 self._in_outage = False
 
     def _loop(self) -> None:

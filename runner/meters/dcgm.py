@@ -21,6 +21,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from runner.meters.base import PolledMeter, SourceUnavailable, fetch_text
+from runner.reading import BadReading, to_bytes
 
 MIB = 1 << 20
 FB_FIELDS = {"DCGM_FI_DEV_FB_USED": "used", "DCGM_FI_DEV_FB_FREE": "free", "DCGM_FI_DEV_FB_RESERVED": "reserved"}
@@ -39,11 +40,12 @@ class DcgmGpu:
     pci_bus_id: str | None
     mig_profile: str | None
     mig_id: str | None
-    used: int | None  # bytes
+    used: int | None  # bytes; None when missing or not a memory figure (then `bad` says why)
     free: int | None
     reserved: int | None
     digest: str  # hash of every value of this GPU in the scrape: changes once per collection
     timestamp: float | None  # newest explicit sample timestamp, when the exporter writes them
+    bad: str | None = None  # why a sent FB figure is no reading (NaN, +Inf, negative, beyond any memory)
 
     @property
     def key(self) -> tuple[str | None, str | None, str | None, str | None]:
@@ -64,7 +66,11 @@ def parse(text: str) -> tuple[DcgmGpu, ...]:
                 ts = float(s.timestamp)
                 g["ts"] = ts if g["ts"] is None else max(g["ts"], ts)
             if s.name in FB_FIELDS:
-                g[FB_FIELDS[s.name]] = round(s.value * MIB)
+                try:
+                    g[FB_FIELDS[s.name]] = to_bytes(s.value, f"{s.name} (MiB)", MIB)
+                except BadReading as exc:
+                    g[FB_FIELDS[s.name]] = None
+                    g.setdefault("bad", str(exc))
     out = []
     for g in groups.values():
         if not any(f in g for f in FB_FIELDS.values()):
@@ -75,7 +81,7 @@ def parse(text: str) -> tuple[DcgmGpu, ...]:
                            mig_profile=lab.get("GPU_I_PROFILE"), mig_id=lab.get("GPU_I_ID"),
                            used=g.get("used"), free=g.get("free"), reserved=g.get("reserved"),
                            digest=hashlib.blake2b("\n".join(sorted(g["values"])).encode(), digest_size=8).hexdigest(),
-                           timestamp=g["ts"]))
+                           timestamp=g["ts"], bad=g.get("bad")))
     return tuple(out)
 
 
@@ -146,7 +152,8 @@ class DcgmMeter(PolledMeter):
         except ValueError as exc:
             raise SourceUnavailable(f"{self.url}: unparsable exposition ({exc})") from None
         if g.used is None:
-            raise SourceUnavailable(f"{self.url}: DCGM_FI_DEV_FB_USED missing for GPU {g.uuid}")
+            raise SourceUnavailable(f"{self.url}: {g.bad or f'DCGM_FI_DEV_FB_USED missing for GPU {g.uuid}'}")
+        used, reserved = g.used, g.reserved
         now = time.time()
         with self._lk:
             self._chosen = g
@@ -157,10 +164,10 @@ class DcgmMeter(PolledMeter):
                 if self._last_digest is not None:
                     self._changes.append(stamp)
                 self._last_digest = g.digest
-            if g.reserved is not None:
-                lo, hi = self._reserved or (g.reserved, g.reserved)
-                self._reserved = (min(lo, g.reserved), max(hi, g.reserved))
-        return g.used
+            if reserved is not None:
+                lo, hi = self._reserved or (reserved, reserved)
+                self._reserved = (min(lo, reserved), max(hi, reserved))
+        return used
 
     def stop(self) -> None:
         super().stop()

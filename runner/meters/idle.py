@@ -12,8 +12,10 @@ from typing import Any
 
 import httpx
 
-from runner.meters.base import SourceUnavailable
+from runner import quote
+from runner.meters.base import SourceUnavailable, scrape
 from runner.meters.gpu import GpuInfo, GpuProcess, SampleSource
+from runner.reading import to_bytes
 
 
 @dataclass(frozen=True)
@@ -84,9 +86,17 @@ def idle_baseline(card: Any, timeout_s: float = 5.0) -> IdleBaseline:
     if "sidecar" in card.meters and card.sidecar_url:
         url = card.sidecar_url.rstrip("/") + "/idle"
         try:
-            response = httpx.get(url, timeout=timeout_s)
-            response.raise_for_status()
-            return IdleBaseline.from_json(response.json())
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-            return IdleBaseline("sidecar", False, f"GET {url}: {type(exc).__name__}: {exc}")
+            with httpx.Client() as client:
+                response = scrape(client, url)
+            if response.status != 200:
+                raise SourceUnavailable(f"GET {url}: HTTP {response.status}")
+            found = IdleBaseline.from_json(response.json())
+            for name in ("used_bytes", "reserved_bytes", "total_bytes"):  # the figures are checked like readings
+                if getattr(found, name) is not None:
+                    to_bytes(getattr(found, name), f"sidecar /idle {name}")
+            return found
+        except SourceUnavailable as exc:
+            return IdleBaseline("sidecar", False, str(exc))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # BadReading is a ValueError
+            return IdleBaseline("sidecar", False, f"GET {url}: {type(exc).__name__}: {quote.console(exc)[:200]}")
     return IdleBaseline("none", False, "no meter that sees the device's processes (nvml or sidecar) on this card")

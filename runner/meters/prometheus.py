@@ -15,7 +15,9 @@ from typing import Any
 
 import httpx
 
-from runner.meters.base import Meter, Series
+from runner import quote
+from runner.meters.base import Meter, Series, SourceUnavailable, scrape
+from runner.reading import number, to_bytes
 from runner.records import Peak
 
 MIB = 1 << 20
@@ -58,15 +60,22 @@ class PrometheusMeter(Meter):
         self._series: Series | None = None
 
     def _query(self, query: str, at: float) -> list[dict[str, Any]]:
+        """One instant query under the scrape deadline; any answer not of Prometheus's shape is a QueryError."""
         self._queries += 1
         try:
-            response = self.client.get(f"{self.url}/api/v1/query", params={"query": query, "time": f"{at:.3f}"})
+            response = scrape(self.client, f"{self.url}/api/v1/query", params={"query": query, "time": f"{at:.3f}"})
             body = response.json()
-        except (httpx.HTTPError, ValueError) as exc:
-            raise QueryError(f"GET {self.url}/api/v1/query: {type(exc).__name__}: {exc}") from None
-        if response.status_code != 200 or body.get("status") != "success":
-            raise QueryError(f"{query}: HTTP {response.status_code} {body.get('error', '')}".strip())
-        return body["data"]["result"]
+        except SourceUnavailable as exc:
+            raise QueryError(str(exc)) from None
+        except ValueError as exc:
+            raise QueryError(f"GET {self.url}/api/v1/query: {type(exc).__name__}") from None
+        if not isinstance(body, dict) or response.status != 200 or body.get("status") != "success":
+            error = body.get("error", "") if isinstance(body, dict) else "answer is not a JSON object"
+            raise QueryError(f"{query}: HTTP {response.status} {quote.console(error)[:200]}".strip())
+        result = body.get("data", {}).get("result") if isinstance(body.get("data"), dict) else None
+        if not isinstance(result, list) or not all(isinstance(r, dict) for r in result):
+            raise QueryError(f"{query}: answer has no list of series in data.result")
+        return result
 
     def _one(self, result: list[dict[str, Any]], query: str) -> dict[str, Any]:
         if not result:
@@ -74,8 +83,21 @@ class PrometheusMeter(Meter):
         if len(result) > 1:
             raise QueryError(f"{self.expr} matches {len(result)} series; name the GPU by UUID (and a MIG "
                              f"instance as '<UUID>:<GPU_I_ID>')")
-        self._labels = result[0].get("metric", {})
+        labels = result[0].get("metric", {})
+        self._labels = {str(k): quote.console(v)[:200] for k, v in labels.items()} if isinstance(labels, dict) else {}
         return result[0]
+
+    @staticmethod
+    def _value(sample: Any, what: str, scale: int = 1) -> tuple[float, int]:
+        """(timestamp, validated figure) of a Prometheus sample `[t, "value"]` (values are strings: "NaN",
+        "+Inf" are valid Prometheus values and no memory reading)."""
+        if not isinstance(sample, (list, tuple)) or len(sample) != 2 or not isinstance(sample[1], str):
+            raise QueryError(f"{what}: sample {str(sample)[:40]!r} is not [time, \"value\"]")
+        try:
+            t = number(float(sample[0]) if isinstance(sample[0], str) else sample[0], f"{what} time")
+            return t, to_bytes(float(sample[1]), what, scale)
+        except ValueError as exc:  # float() of a non-number, or BadReading
+            raise QueryError(f"{what}: {exc}") from None
 
     def start(self) -> None:
         self._t_start = time.time()
@@ -93,12 +115,12 @@ class PrometheusMeter(Meter):
         try:
             peak = self._one(self._query(peak_q, at), peak_q)
             count = self._one(self._query(count_q, at), count_q)
+            value = self._value(peak.get("value"), peak_q, MIB)[1]
+            samples = self._value(count.get("value"), count_q)[1]
         except QueryError as exc:
             self._errors += 1
             self._last_error = str(exc)
             return Peak(self.source, self.metric, None, 0, None, False, str(exc))
-        samples = int(float(count["value"][1]))
-        value = round(float(peak["value"][1]) * MIB)
         return Peak(self.source, self.metric, value, samples, round(samples / max(at - t0, 1e-9), 2), True)
 
     def series(self) -> Series:
@@ -113,11 +135,20 @@ class PrometheusMeter(Meter):
         query = f"{self.expr}[{max(1, math.ceil((end - self._t_start) * 1000))}ms]"
         try:
             result = self._one(self._query(query, end), query)
+            values = result.get("values", [])
+            if not isinstance(values, list):
+                raise QueryError(f"{query}: values is not a list")
         except QueryError as exc:
             self._errors += 1
             self._last_error = str(exc)
             return empty
-        pts = [(float(t), round(float(v) * MIB)) for t, v in result.get("values", [])]
+        pts = []
+        for sample in values:  # a bad sample is left out of the plot, the rest stays
+            try:
+                pts.append(self._value(sample, query, MIB))
+            except QueryError as exc:
+                self._errors += 1
+                self._last_error = str(exc)
         s = Series(self.source, self.metric, tuple(p[0] for p in pts), tuple(p[1] for p in pts))
         if self._t_stop is not None:
             self._series = s

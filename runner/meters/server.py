@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from runner.backends.base import RunningServer
 from runner.meters.base import PolledMeter, SourceUnavailable, fetch_text
+from runner.reading import to_bytes
 from runner.records import Peak
 
 DEVICE_GAUGES = ("refserver_device_memory_bytes",)
@@ -30,18 +31,20 @@ def gauge_value(text: str, names: tuple[str, ...]) -> float | None:
     """The largest sample of the first family named (over labels, e.g. stages), or None."""
     for family in text_string_to_metric_families(text):
         if family.name in names and family.samples:
-            return max(s.value for s in family.samples)
+            values = [s.value for s in family.samples]
+            return next((v for v in values if v != v), max(values))  # a NaN is not lost to max(): it is refused
     return None
 
 
 def read_gauges(text: str) -> tuple[str, int] | None:
-    """("current", bytes) from the reference server's gauge, ("last-peak", bytes) from vLLM-Omni's."""
+    """("current", bytes) from the reference server's gauge, ("last-peak", bytes) from vLLM-Omni's; a value
+    that is no memory figure (NaN, negative, beyond any memory) raises BadReading."""
     value = gauge_value(text, DEVICE_GAUGES)
     if value is not None:
-        return "current", int(value)
+        return "current", to_bytes(value, DEVICE_GAUGES[0])
     value = gauge_value(text, PEAK_GAUGES)
     if value is not None:
-        return "last-peak", int(value * MIB)
+        return "last-peak", to_bytes(value, f"{PEAK_GAUGES[0]} (MiB)", MIB)
     return None
 
 
@@ -60,7 +63,10 @@ class ServerMetricsMeter(PolledMeter):
     def read(self) -> int:
         if self.absent:  # a server that answers without the gauge will not grow one: stop asking it
             raise SourceUnavailable(self.absent)
-        got = read_gauges(fetch_text(self.client, self.url))
+        try:
+            got = read_gauges(fetch_text(self.client, self.url))
+        except ValueError as exc:  # unparsable exposition or a bad figure (BadReading)
+            raise SourceUnavailable(f"{self.url}: {exc}") from None
         if got is None:
             self.absent = (f"{self.url} exports no device-memory gauge ({', '.join(DEVICE_GAUGES + PEAK_GAUGES)}"
                            "; vLLM-Omni 0.30 exports vllm_omni:peak_memory_mb only with --log-stats)")

@@ -16,8 +16,31 @@ from typing import Any
 
 import httpx
 
-from runner.meters.base import Meter, Series
+from runner import quote
+from runner.meters.base import Meter, Series, SourceUnavailable, scrape
+from runner.reading import BadReading, number, to_bytes
 from runner.records import Peak
+
+
+def _window(d: object) -> dict[str, Any]:
+    """The sidecar's /peak answer, every figure checked (reading.py): times finite, bytes real memory
+    figures or null, the sample count a count. Anything else is a BadReading: that poll failed."""
+    if not isinstance(d, dict):
+        raise BadReading("answer is not a JSON object")
+    since, until = number(d.get("since"), "since"), number(d.get("until"), "until")
+    if until < since:
+        raise BadReading(f"window ends ({until}) before it starts ({since})")
+    used = None if d.get("used_bytes") is None else to_bytes(d["used_bytes"], "used_bytes")
+    reserved = None if d.get("reserved_bytes") is None else to_bytes(d["reserved_bytes"], "reserved_bytes")
+    samples = 0 if d.get("samples") is None else number(d["samples"], "samples")
+    errors = 0 if d.get("errors") is None else number(d["errors"], "errors")
+    t_max = None if d.get("t_max") is None else number(d["t_max"], "t_max")
+    available = d.get("available", used is not None)
+    reason = d.get("reason")
+    return {"since": since, "until": until, "used_bytes": used, "reserved_bytes": reserved,
+            "samples": int(min(samples, 2**40)), "errors": int(min(errors, 2**40)), "t_max": t_max,
+            "available": bool(available) and used is not None,
+            "reason": None if reason is None else quote.console(reason)[:300]}
 
 
 class SidecarMeter(Meter):
@@ -48,13 +71,14 @@ class SidecarMeter(Meter):
         with self._lock:
             t_send = time.time()
             self._polls += 1
-            try:
-                response = self.client.get(f"{self.url}/peak", params={"reader": self.reader})
-                response.raise_for_status()
-                d = response.json()
-            except (httpx.HTTPError, ValueError) as exc:
+            try:  # under the scrape deadline: a dripping or hanging sidecar never holds a step for longer
+                response = scrape(self.client, f"{self.url}/peak", params={"reader": self.reader})
+                if response.status != 200:
+                    raise SourceUnavailable(f"GET {self.url}/peak: HTTP {response.status}")
+                d = _window(response.json())
+            except (SourceUnavailable, ValueError) as exc:  # BadReading and bad JSON are ValueErrors
                 self._errors += 1
-                self._last_error = f"GET {self.url}/peak: {type(exc).__name__}: {exc}"
+                self._last_error = f"GET {self.url}/peak: {quote.console(exc)[:300]}"
                 self._outages.append((self._last_ok or t_send, time.time(), self._last_error))
                 return
             t_recv = time.time()
@@ -62,15 +86,15 @@ class SidecarMeter(Meter):
             if self._offset_err is None or err <= self._offset_err * 2:  # keep the tighter estimates
                 self._offset, self._offset_err = offset, err
             off = self._offset or 0.0
-            if not d.get("available", d.get("used_bytes") is not None):
-                self._last_error = d.get("reason") or "sidecar has no samples"
+            if not d["available"]:
+                self._last_error = d["reason"] or "sidecar has no samples"
                 self._outages.append((d["since"] - off, d["until"] - off, self._last_error))
-            elif d.get("errors"):
+            elif d["errors"]:
                 self._outages.append((d["since"] - off, d["until"] - off,
                                       f"{d['errors']} failed NVML read(s) on the sidecar"))
-            t_max = None if d.get("t_max") is None else d["t_max"] - off
-            self._rows.append((d["since"] - off, d["until"] - off, t_max, d.get("used_bytes"),
-                               d.get("reserved_bytes"), int(d.get("samples") or 0)))
+            t_max = None if d["t_max"] is None else d["t_max"] - off
+            self._rows.append((d["since"] - off, d["until"] - off, t_max, d["used_bytes"],
+                               d["reserved_bytes"], d["samples"]))
             self._last_ok = t_recv
 
     def _loop(self) -> None:
@@ -80,9 +104,13 @@ class SidecarMeter(Meter):
     def start(self) -> None:
         self._started_at = time.time()
         try:
-            self._info = self.client.get(f"{self.url}/info").json()
-        except (httpx.HTTPError, ValueError) as exc:
-            self._last_error = f"GET {self.url}/info: {type(exc).__name__}: {exc}"
+            info = scrape(self.client, f"{self.url}/info").json()
+            if not isinstance(info, dict):
+                raise ValueError("answer is not a JSON object")
+            self._info = {k: (v if isinstance(v, (int, float, type(None))) else quote.console(v)[:200])
+                          for k, v in info.items() if isinstance(k, str)}
+        except (SourceUnavailable, ValueError) as exc:
+            self._last_error = f"GET {self.url}/info: {type(exc).__name__}: {quote.console(exc)[:200]}"
         self.poll()  # opens this reader's window on the sidecar
         self._thread = threading.Thread(target=self._loop, name="meter-sidecar", daemon=True)
         self._thread.start()

@@ -1,0 +1,185 @@
+"""A hostile image server (stdlib only), one misbehaviour per `--mode`, speaking vLLM-Omni's chat API.
+
+    python hostile.py --port N --mode MODE [--metrics GAUGE_VALUE]
+
+Modes (each answers GET /health with 200 unless said otherwise; POST /v1/chat/completions is the request):
+  drip        200 headers, then the JSON one byte every 0.5 s, forever
+  huge        200 with a 400 MB body, streamed without a Content-Length
+  gzip-bomb   200 with Content-Encoding: gzip, ~1 MB that inflate to 256 MiB
+  bomb        200 with a valid PNG of 12000x12000 pixels (~150 KB; 144 MB decoded)
+  html        200 with an HTML page, base64-encoded, where the image should be
+  bad-base64  200 with an image URL that is not base64
+  secret      HTTP 500 whose body and whose logged traceback hold $HF_TOKEN
+  escapes     HTTP 500; body and log lines hold terminal escapes, OSC 8 links, <script>, <img onerror>,
+              a javascript: link, bidi overrides
+  hang        POST reads the request and never answers
+  drip-health GET /health drips one byte every 0.5 s, forever (the server never becomes ready)
+  load-secret prints a traceback holding $HF_TOKEN and escapes at load, then exits 1
+  ok          a valid 64x64 PNG (the control)
+`--metrics V` serves /metrics with `refserver_device_memory_bytes V` (V as given: NaN, +Inf, -5e9, 1e30...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import json
+import os
+import struct
+import sys
+import time
+import zlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+ESCAPES = ("\x1b[2J\x1b[31mred\x1b[0m \x1b]8;;https://evil.example/\x1b\\click\x1b]8;;\x1b\\ "
+           "<script>alert(1)</script> <img src=x onerror=alert(2)> [click](javascript:alert(3)) "
+           "\u202eevil\u202c \x07bell")
+
+
+def log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def png(width: int, height: int) -> bytes:
+    """A greyscale PNG written row by row (never the whole raster in memory)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    z, parts, row = zlib.compressobj(9), [], b"\x00" + bytes(width)
+    for _ in range(height):
+        parts.append(z.compress(row))
+    parts.append(z.flush())
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", b"".join(parts)) + chunk(b"IEND", b"")
+
+
+def small_png() -> bytes:
+    """A 64x64 RGB gradient (passes the sanity checks)."""
+    from PIL import Image
+
+    img = Image.new("RGB", (64, 64))
+    img.putdata([(x * 4, y * 4, (x + y) * 2) for y in range(64) for x in range(64)])
+    out = io.BytesIO()
+    img.save(out, "PNG")
+    return out.getvalue()
+
+
+def chat(url: str) -> bytes:
+    return json.dumps({"choices": [{"message": {"content": [{"type": "image_url", "image_url": {"url": url}}]}}]
+                       }).encode()
+
+
+def gzip_bomb(size: int = 256 * 2**20) -> bytes:
+    z = zlib.compressobj(1, zlib.DEFLATED, 31)  # gzip container
+    block = bytes(2**20)
+    return b"".join([*(z.compress(block) for _ in range(size // len(block))), z.flush()])
+
+
+class Handler(BaseHTTPRequestHandler):
+    mode = "ok"
+    metrics: str | None = None
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, fmt: str, *args: object) -> None:  # keep the log for what the modes print
+        pass
+
+    def _send(self, status: int, body: bytes, ctype: str = "application/json", **headers: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in headers.items():
+            self.send_header(k.replace("_", "-"), v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _drip(self, body: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body) * 1000))
+        self.end_headers()
+        while True:
+            for b in body:
+                self.wfile.write(bytes([b]))
+                self.wfile.flush()
+                time.sleep(0.5)
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/health"):
+            if self.mode == "drip-health":
+                self._drip(b"ok")
+            self._send(200, b"ok", "text/plain")
+        elif self.path.startswith("/metrics") and self.metrics is not None:
+            text = f"# TYPE refserver_device_memory_bytes gauge\nrefserver_device_memory_bytes {self.metrics}\n"
+            self._send(200, text.encode(), "text/plain")
+        else:
+            self._send(404, b"{}")
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        token = os.environ.get("HF_TOKEN", "")
+        mode = self.mode
+        if mode == "drip":
+            self._drip(chat("data:image/png;base64," + base64.b64encode(small_png()).decode()))
+        elif mode == "huge":
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            block = b"A" * 2**20
+            try:
+                for _ in range(400):
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(block), block))
+                self.wfile.write(b"0\r\n\r\n")
+            except OSError:
+                pass  # the runner hung up: as it should
+        elif mode == "gzip-bomb":
+            self._send(200, BOMB, Content_Encoding="gzip")
+        elif mode == "bomb":
+            self._send(200, chat("data:image/png;base64," + base64.b64encode(png(12000, 12000)).decode()))
+        elif mode == "html":
+            page = b"<html><body><script>alert(1)</script>not an image</body></html>"
+            self._send(200, chat("data:image/png;base64," + base64.b64encode(page).decode()))
+        elif mode == "bad-base64":
+            self._send(200, chat("data:image/png;base64,!!!this-is*not~base64\x1b[2J"))
+        elif mode == "secret":
+            log("Traceback (most recent call last):")
+            log(f'  File "server.py", line 12, in handle: login(token="{token}")')
+            log(f"huggingface_hub.errors.HfHubHTTPError: 401 Client Error for token {token}")
+            self._send(500, json.dumps({"error": {"message": f"invalid token {token}", "code": 500}}).encode())
+        elif mode == "escapes":
+            log(f"ERROR server: {ESCAPES}")
+            log(f"RuntimeError: {ESCAPES}")
+            self._send(500, json.dumps({"error": {"message": ESCAPES}}).encode())
+        elif mode == "hang":
+            time.sleep(3600)
+        else:
+            self._send(200, chat("data:image/png;base64," + base64.b64encode(small_png()).decode()))
+
+
+BOMB = b""
+
+
+def main() -> None:
+    global BOMB
+    p = argparse.ArgumentParser()
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--mode", default="ok")
+    p.add_argument("--metrics")
+    a = p.parse_args()
+    if a.mode == "load-secret":
+        token = os.environ.get("HF_TOKEN", "")
+        log("Traceback (most recent call last):")
+        log(f"  File \"load.py\", line 3, in <module>: {ESCAPES}")
+        log(f"PermissionError: token {token} has no access {ESCAPES}")
+        sys.exit(1)
+    if a.mode == "gzip-bomb":
+        BOMB = gzip_bomb()
+    Handler.mode, Handler.metrics = a.mode, a.metrics
+    log(f"hostile server mode {a.mode} on port {a.port}")
+    ThreadingHTTPServer.daemon_threads = True
+    ThreadingHTTPServer(("127.0.0.1", a.port), Handler).serve_forever()
+
+
+if __name__ == "__main__":
+    main()
