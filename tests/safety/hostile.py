@@ -136,7 +136,7 @@ class Handler(BaseHTTPRequestHandler):
         elif mode == "gzip-bomb":
             self._send(200, BOMB, Content_Encoding="gzip")
         elif mode == "bomb":
-            self._send(200, chat("data:image/png;base64," + base64.b64encode(png(12000, 12000)).decode()))
+            self._send(200, BOMB)
         elif mode == "html":
             page = b"<html><body><script>alert(1)</script>not an image</body></html>"
             self._send(200, chat("data:image/png;base64," + base64.b64encode(page).decode()))
@@ -173,8 +173,10 @@ def main() -> None:
         log(f"  File \"load.py\", line 3, in <module>: {ESCAPES}")
         log(f"PermissionError: token {token} has no access {ESCAPES}")
         sys.exit(1)
-    if a.mode == "gzip-bomb":
+    if a.mode == "gzip-bomb":  # made before the port opens: the request's deadline is for the runner
         BOMB = gzip_bomb()
+    elif a.mode == "bomb":
+        BOMB = chat("data:image/png;base64," + base64.b64encode(png(12000, 12000)).decode())
     Handler.mode, Handler.metrics = a.mode, a.metrics
     log(f"hostile server mode {a.mode} on port {a.port}")
     ThreadingHTTPServer.daemon_threads = True

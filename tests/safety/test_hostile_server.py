@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 HOSTILE = Path(__file__).with_name("hostile.py")
 REF = ROOT / "examples" / "refs" / "ref-1.png"
 SECRET = "hf_Zq8TOKEN0123456789abcdefSECRET"
-RSS_BOUND = 600 * 2**20  # the runner alone (python, numpy, PIL, matplotlib for the report) is ~250 MiB here
+RSS_BOUND = 450 * 2**20  # the runner alone (python, numpy, PIL, matplotlib for the report) peaks at ~230 MiB here
 REQUEST_TIMEOUT_S, READY_TIMEOUT_S = 3, 8
 
 # card → (mode, where the failure is recorded, failure kind, words its reason must hold)
