@@ -5,7 +5,8 @@ runs' verdict.json files; `runner compare RUN_A RUN_B` prints it.
 Noise is told from change. Wall time has two noises: within a run (the spread of a cell's timed sends) and
 between runs (a shared machine's load moves every cell, either way). A cell's wall time moved only when the
 95% bootstrap interval of its after/before medians (runner.verdict.ratio_interval; ≥ 2 timed sends in each
-run, else the spread is unknown and no change is claimed) lies wholly outside the run-to-run band: ±3
+run, else the spread is unknown and no change is claimed) lies wholly outside the run-to-run band (stated on
+the output's first line, with why it is that wide): ±3
 robust SDs (1.4826 × MAD) of log(after/before) over all cells both runs timed, when there are at least
 MIN_CELLS_FOR_BAND of them (else the band is 1: the within-run spread alone). A peak moved by more than
 PEAK_NOISE on a cell served in both runs (meters sample; an OOM cell's peak is whatever was seen before the
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.errors import UserError
-from runner.units import fmt_bytes
+from runner.units import fmt_bytes, fmt_s
 from runner.verdict import Cell, World, ratio_interval
 
 Key = tuple[str, str, int]  # card, flag set, reference count
@@ -95,7 +96,11 @@ def run_band(pairs: list[tuple[Cell, Cell]]) -> tuple[float, int]:
 
 
 def load_summary(run_dir: Path) -> RunSummary:
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir}: no such run folder" + ("" if run_dir.exists() else " (it does not exist)"))
     path = run_dir / "verdict.json"
+    if not path.exists() and not (run_dir / "run.json").is_file():
+        raise UserError(f"{run_dir}: not a run directory (no verdict.json, no run.json)")
     try:
         doc: dict[str, Any] = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -135,23 +140,32 @@ def _wall(c: Cell | None) -> str:
     if c is None or c.wall_s is None:
         return "–"
     spread = _spread(c)
-    return f"{c.wall_s:g} [{spread[0]:g}–{spread[1]:g}]" if spread else f"{c.wall_s:g} (1 send)"
+    return f"{fmt_s(c.wall_s)} [{fmt_s(spread[0])}–{fmt_s(spread[1])}]" if spread else f"{fmt_s(c.wall_s)} (1 send)"
+
+
+def band_line(band: float, timed: int) -> str:
+    """The noise band a wall-time change must clear, and why it is that wide: said first, since a wide band
+    (a loaded machine) hides large changes behind "No changed cells"."""
+    if band > 1:
+        return (f"wall time: a change must clear ×/÷ {band:.2f}, the run-to-run noise measured over the {timed} "
+                f"cells both runs timed (3 robust SDs of after/before: a shared machine's load moves every cell)")
+    return (f"wall time: no run-to-run band ({timed} cells timed in both, {MIN_CELLS_FOR_BAND} needed): "
+            f"the within-run spread of each cell alone decides")
 
 
 def render(a: RunSummary, b: RunSummary, *, show_all: bool = False) -> str:
-    lines = [f"# {a.run_id} → {b.run_id}", "", "| card | verdict before | verdict after |", "|---|---|---|"]
+    every, band, timed = changes(a, b)
+    lines = [f"# {a.run_id} → {b.run_id} — {band_line(band, timed)}", "",
+             "| card | verdict before | verdict after |", "|---|---|---|"]
     for card in sorted(a.worlds.keys() | b.worlds.keys()):
         before, after = a.worlds.get(card), b.worlds.get(card)
         mark = "" if before == after else " ⚠️ changed"
         lines.append(f"| {card} | {before or '–'} | {after or '–'}{mark} |")
-    every, band, timed = changes(a, b)
     moved = [ch for ch in every if ch.what_changed()]
-    noise = (f"run-to-run wall-time noise band ×/÷ {band:.2f} (3 robust SDs of after/before over {timed} "
-             f"cells)" if band > 1 else f"no run-to-run band ({timed} cells timed in both; needs "
-             f"{MIN_CELLS_FOR_BAND}): within-run spread only")
+    noise = f"×/÷ {band:.2f} band" if band > 1 else "within-run spread (no run-to-run band)"
     lines += ["", f"{len(moved)} of {len(every)} cell(s) changed beyond noise"
               + ("" if show_all else f"; {len(every) - len(moved)} within noise not listed (--all lists them)")
-              + f". Wall: median [min–max] s over timed sends; a change needs the interval of after/before "
+              + f". Wall: median [min–max] s over timed sends; a change needs the 95% interval of after/before "
                 f"to lie outside the {noise}."]
     shown = every if show_all else moved
     if not shown:
@@ -165,6 +179,6 @@ def render(a: RunSummary, b: RunSummary, *, show_all: bool = False) -> str:
         lines.append(
             f"| {ch.key[0]} | {ch.key[1]} | {ch.key[2]} | {_state(x)} | {_state(y)}"
             f"{' ⚠️' if ch.served_changed else ''} | {', '.join(ch.what_changed()) or 'noise'} | {peak} | "
-            f"{_wall(x)} → {_wall(y)} | {_delta(x.wall_s if x else None, y.wall_s if y else None, '+.3f')} | "
+            f"{_wall(x)} → {_wall(y)} | {_delta(x.wall_s if x else None, y.wall_s if y else None, '+.2f')} | "
             f"{_delta(x.psnr_db if x else None, y.psnr_db if y else None, '+.2f', relative=False)} |")
     return "\n".join(lines) + "\n"

@@ -576,14 +576,16 @@ def load_matrix(path: str | Path, *, check_files: bool = True, base: Path | None
     verdict = _verdict(root.sub("verdict"), axes)
     root.done()
 
-    needed = [p for fx in axes.fixtures for p in fixtures[fx].references[: max(axes.references)]]
+    needed = [(f"fixtures.{fx}.references[{i}]", "reference image", p) for fx in axes.fixtures
+              for i, p in enumerate(fixtures[fx].references[: max(axes.references)])]
     if baseline and baseline.directory is not None:
-        needed.append(baseline.directory / "samples.json")
-    missing = tuple(p for p in needed if not p.is_file())
-    if check_files and missing:
-        kind = "baseline file" if missing[0].name == "samples.json" else "reference image"
-        what = "is not a regular file" if missing[0].exists() else "not found"
-        raise UserError(f"{file}: {kind} {what}: {missing[0]}")
+        needed.append(("baseline.dir", "baseline file", baseline.directory / "samples.json"))
+    absent = [(key, kind, p) for key, kind, p in needed if not p.is_file()]
+    missing = tuple(p for _, _, p in absent)
+    if check_files and absent:
+        key, kind, path = absent[0]
+        what = "is not a regular file" if path.exists() else "not found"
+        raise UserError(f"{file}: key '{key}': {kind} {what}: {path}")
     return Matrix(path=file, sha256=hashlib.sha256(raw).hexdigest(), text=text, run=run, servers=servers,
                   cards=cards, flags=flags, fixtures=fixtures, baseline=baseline, axes=axes, verdict=verdict,
                   missing_files=missing)

@@ -11,6 +11,7 @@ Conventions shared by every plot of a run, so a reader learns them once:
 
 from __future__ import annotations
 
+import itertools
 import re
 import statistics
 from collections.abc import Sequence
@@ -25,7 +26,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from runner.records import FailureClass, SessionRecord, Status, StepRecord
+from runner.records import FailureClass, Peak, SessionRecord, Status, StepRecord
 from runner.units import clip, fmt_bytes, fmt_s, unit_for
 from runner.verdict import Cell
 
@@ -150,8 +151,9 @@ def capacity_figure(card: str, cells: Sequence[Cell], order: Sequence[str], capa
 
 def latency_figure(card: str, steps: Sequence[StepRecord], cells: Sequence[Cell], order: Sequence[str],
                    styles: dict[str, FlagStyle]) -> Figure | None:
-    """Seconds per request vs references, one line per flag set: the mean of every timed send of the steps that
-    returned an image (as the tables), with a min–max bar wherever there was more than one send."""
+    """Seconds per request vs references, one line per flag set: the median of every timed send of the steps
+    that returned an image (as the tables and the verdict), with a min–max bar wherever there was more than one
+    send."""
     served = {(c.flags, c.references): c.served for c in cells}
     times: dict[tuple[str, int], list[float]] = {}
     for s in steps:
@@ -170,7 +172,7 @@ def latency_figure(card: str, steps: Sequence[StepRecord], cells: Sequence[Cell]
             ax.plot([], [], color=style.color, marker=style.marker, label=f"{flags} (no image returned)")
             continue
         xs = [n + style.offset for n, _ in pts]
-        ys = [statistics.fmean(v) for _, v in pts]
+        ys = [statistics.median(v) for _, v in pts]
         err = [[y - min(v) for y, (_, v) in zip(ys, pts, strict=True)],
                [max(v) - y for y, (_, v) in zip(ys, pts, strict=True)]]
         ax.errorbar(xs, ys, yerr=err, color=style.color, marker=style.marker, ls=style.dash, lw=style.width, ms=8,
@@ -190,7 +192,7 @@ def latency_figure(card: str, steps: Sequence[StepRecord], cells: Sequence[Cell]
     ax.set_ylim(bottom=0)
     ax.set_ylabel("seconds per request")
     sends = "seeds × repeats" if repeats > 1 else "seeds"
-    ax.set_title(f"{card}: latency vs references (mean; bar: min–max over all sends, {sends})", fontsize=10)
+    ax.set_title(f"{card}: latency vs references (median; bar: min–max over all sends, {sends})", fontsize=10)
     ax.grid(alpha=0.25)
     return fig
 
@@ -199,6 +201,19 @@ def step_span(step: StepRecord) -> float:
     """Seconds a step's window lasted: every timed send of the request back to back (its peaks cover them all;
     the gaps between sends are only the client's turnaround), else the first send."""
     return sum(step.wall_samples_s) if len(step.wall_samples_s) > 1 else (step.wall_s or 0.0)
+
+
+def _shaded(sent: Sequence[StepRecord], t0: float) -> list[tuple[StepRecord, float]]:
+    """Each sent step with the end of its shading: its own window, closed up to the next step's start when
+    that step has the same reference count (the client's turnaround between two requests is not a boundary
+    worth a white gap; a change of count is, and gets the separator)."""
+    out = []
+    for s, nxt in zip(sent, [*sent[1:], None], strict=False):  # the last step has no next one
+        end = (s.started_at or t0) - t0 + step_span(s)
+        if nxt is not None and nxt.references == s.references and nxt.started_at is not None:
+            end = max(end, nxt.started_at - t0)
+        out.append((s, end))
+    return out
 
 
 def _ref_groups(steps: Sequence[StepRecord], t0: float) -> list[tuple[float, float, int]]:
@@ -250,16 +265,20 @@ def session_figure(session: SessionRecord, steps: Sequence[StepRecord],
         dev.hlines(p.bytes / ddiv, x, x + step_span(s), color="black", lw=2.2, zorder=4,  # type: ignore[operator]
                    label=f"request peak quoted in the tables ({', '.join(sources)})" if i == 0 else None)
     outcomes_seen = set()
-    for s in sent:
+    for s, end in _shaded(sent, t0):
         outcome = step_outcome(s)
         if outcome is None:
             continue
         outcomes_seen.add(outcome)
         x = (s.started_at or t0) - t0
         for ax in (dev, host):
-            span = ax.axvspan(x, x + step_span(s), facecolor=OUTCOME_COLORS[outcome],
+            span = ax.axvspan(x, end, facecolor=OUTCOME_COLORS[outcome],
                               edgecolor=OUTCOME_COLORS[outcome], alpha=0.25, lw=0, hatch=OUTCOME_HATCH[outcome])
             span.set_gid(f"step|{s.key}|{outcome}")
+    groups = _ref_groups(sent, t0)
+    for (_, _, before), (x0, _, after) in itertools.pairwise(groups):
+        for ax in (dev, host):  # the only white lines: where the reference count changes
+            ax.axvline(x0, color="white", lw=2.0, zorder=3).set_gid(f"refs|{before}->{after}")
     first = next((s for s in sent if s.deterministic is not None), None)
     if first is not None and len(first.wall_samples_s) <= 1:  # then its untimed re-send follows, unshaded
         x = (first.started_at or t0) - t0 + (first.wall_s or 0)
@@ -277,10 +296,9 @@ def session_figure(session: SessionRecord, steps: Sequence[StepRecord],
             ax.axvspan(x_start, ready, facecolor="grey", alpha=0.08, lw=0).set_gid(f"load|{st.attempt}")
         first = min((r[0] for r in rows if r[3] == "device" and r[0] >= st.started_at), default=None)
         if first is None or first - st.started_at > 0.5 * (ready - x_start):  # most of the load unseen
-            why = "; ".join(f"{p.source} {short_reason(p.source, p.reason)}" for p in st.load_peaks
-                            if p.metric == "device") or "no device meter"
+            why = "; ".join(load_reading(p) for p in st.load_peaks if p.metric == "device") or "no device meter"
             if first is not None and first - t0 <= ready:
-                why = f"first reading {fmt_s(first - t0)} s, at readiness; " + why
+                why = f"first reading at {fmt_s(first - t0)} s, at readiness; " + why
             notes.append(f"no device reading while loading (start {st.attempt}) — {why}")
         if st.failure is not None and st.ready_s is None:
             for ax in (dev, host):
@@ -288,9 +306,10 @@ def session_figure(session: SessionRecord, steps: Sequence[StepRecord],
             evidence = clip(strip_log_prefix(st.failure.evidence[0]), 150) if st.failure.evidence else ""
             notes.append(f"server never ready: {start_failure_label(st.failure.kind)}, stopped at {fmt_s(ready)} s"
                          + (f" — {evidence}" if evidence else ""))
-    if notes:
-        dev.text(0.01, 0.5, "\n".join(_wrap(n, 110) for n in notes), transform=dev.transAxes, fontsize=7.5,
-                 va="center", ha="left", bbox={"facecolor": "white", "edgecolor": "grey", "alpha": 0.9})
+    if notes:  # under the time axis, never on the data it explains
+        host.annotate("\n".join(_wrap(n, 150) for n in notes), (0, 0), xycoords="axes fraction",
+                      xytext=(0, -40), textcoords="offset points", fontsize=7.5, va="top", ha="left",
+                      bbox={"facecolor": "white", "edgecolor": "grey", "alpha": 0.9}).set_gid("notes")
     handles, labels = dev.get_legend_handles_labels()
     handles.append(Line2D([], [], color="grey", ls="--", lw=0.8))
     labels.append("server (re)start; grey: loading")
@@ -311,6 +330,15 @@ def session_figure(session: SessionRecord, steps: Sequence[StepRecord],
     state = f" — {start_failure_label(failure.kind)}" if failure else ""
     dev.set_title(f"{session.key}: memory{state}", pad=16)
     return fig
+
+
+def load_reading(peak: Peak) -> str:
+    """What a device source saw of a load, as the session table's load-peak column says it: a figure where
+    there is one (the `server` gauge's only reading comes at readiness), else why there is none."""
+    if peak.available and peak.bytes is not None:
+        when = ": no reading before its port opens; at readiness" if peak.source == "server" else ""
+        return f"{peak.source}{when} {fmt_bytes(peak.bytes)}"
+    return f"{peak.source} {short_reason(peak.source, peak.reason)}"
 
 
 def short_reason(source: str, reason: str | None) -> str:

@@ -46,6 +46,17 @@ def inside(root: Path, relative: str) -> Path:
     return path
 
 
+def _current_umask() -> int:
+    mask = os.umask(0o022)  # read once, at import (before any lane thread exists): umask is process-wide
+    os.umask(mask)
+    return mask
+
+
+# One policy for the whole run folder (docs/results.md): the mode an ordinary new file gets under the umask, as
+# report.md, the plots and the server logs get it. mkstemp alone would leave the records at 0600.
+FILE_MODE = 0o666 & ~_current_umask()
+
+
 def atomic_write(path: Path, data: bytes) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -53,6 +64,7 @@ def atomic_write(path: Path, data: bytes) -> None:
     except OSError as exc:
         raise _store_error(path, exc) from None
     try:
+        os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -36,7 +36,7 @@ def test_compare_names_verdict_and_cell_changes(tmp_path: Path) -> None:
     assert "| c | not-built | fits-resident ⚠️ changed |" in proc.stdout
     assert "| c | default | 2 | not served | served ⚠️ |" in proc.stdout
     # the peak moved beyond meter noise; the wall time is one send per run (no spread): no change claimed
-    assert "| c | default | 1 | served | served | peak | -1.00 GiB | 1 (1 send) → 0.5 (1 send) | -0.500 (-50%) | " \
+    assert "| c | default | 1 | served | served | peak | -1.00 GiB | 1.00 (1 send) → 0.50 (1 send) | -0.50 (-50%) | " \
         in proc.stdout
     assert out.read_text() == proc.stdout
 
@@ -63,13 +63,27 @@ def test_wall_changes_within_the_spread_are_noise_beyond_it_are_changes(tmp_path
     assert "| c | default | 1 | served | served | noise |" in render(a, noisy, show_all=True)
     text = render(a, slower)
     assert "1 of 1 cell(s) changed beyond noise" in text
-    assert "| wall | +0.00 MiB | 1.05 [0.9–1.2] → 1.575 [1.5–1.7] | +0.525 (+50%) |" in text
+    assert "| wall | +0.00 MiB | 1.05 [0.90–1.20] → 1.57 [1.50–1.70] | +0.52 (+50%) |" in text
 
 
 def test_compare_without_verdict_is_one_line_error(tmp_path: Path) -> None:
+    (tmp_path / "run.json").write_text("{}")
     proc = subprocess.run([sys.executable, "-m", "runner", "compare", str(tmp_path), str(tmp_path)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "cannot read verdicts" in proc.stderr and "Traceback" not in proc.stderr
+    assert "runner report" in proc.stderr  # a run folder without verdict.json: the report writes it
+
+
+def test_compare_on_a_missing_folder_says_so(tmp_path: Path) -> None:
+    missing = tmp_path / "results" / "no-such-run"
+    proc = subprocess.run([sys.executable, "-m", "runner", "compare", str(missing), str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == f"runner: error: {missing}: no such run folder (it does not exist)"
+    proc = subprocess.run([sys.executable, "-m", "runner", "compare", str(tmp_path), str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "not a run directory (no verdict.json, no run.json)" in proc.stderr
+    assert "runner report" not in proc.stderr
 
 
 def test_run_to_run_noise_is_measured_over_all_cells_and_only_outliers_change(tmp_path: Path) -> None:
@@ -89,10 +103,13 @@ def test_run_to_run_noise_is_measured_over_all_cells_and_only_outliers_change(tm
         after[key] = dataclasses.replace(base, flags=key[1], walls_s=walls, wall_s=statistics.median(walls),
                                          wall_min_s=min(walls), wall_max_s=max(walls))
     text = render(dataclasses.replace(a, cells=before), dataclasses.replace(a, cells=after))
-    assert "1 of 11 cell(s) changed beyond noise" in text and "over 11 cells" in text
+    assert "1 of 11 cell(s) changed beyond noise" in text
+    first = text.splitlines()[0]  # the band and why it is that wide, before anything else
+    assert "a change must clear ×/÷ " in first and "over the 11 cells both runs timed" in first, first
+    assert "a shared machine's load moves every cell" in first
     assert "| c | flags-10 | 1 | served | served | wall |" in text
     # with fewer than 5 cells timed in both runs there is no band: the within-run spread (±2%) alone decides
     few = [k for k in before if k[1] in ("flags-0", "flags-1", "flags-2", "flags-3")]
     text = render(dataclasses.replace(a, cells={k: before[k] for k in few}),
                   dataclasses.replace(a, cells={k: after[k] for k in few}))
-    assert "4 of 4 cell(s) changed beyond noise" in text and "no run-to-run band (4 cells timed" in text
+    assert "4 of 4 cell(s) changed beyond noise" in text and "no run-to-run band (4 cells timed" in text.splitlines()[0]

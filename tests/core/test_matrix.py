@@ -45,7 +45,7 @@ def test_minimal_matrix_loads_with_defaults(matrix_dir: Path) -> None:
     ('references = [1, 2]', 'references = [1, 2, 3]', "key 'fixtures.pair.references' holds 2 image(s)"),
     ('"--port", "{port}"', '"--port", "{prot}"', "uses unknown placeholder {prot}"),
     ('[run]', '[run\n', "TOML syntax error"),
-    ('"refs/b.png"', '"refs/missing.png"', "reference image not found"),
+    ('"refs/b.png"', '"refs/missing.png"', "key 'fixtures.pair.references[1]': reference image not found"),
 ])
 def test_bad_input_is_one_clear_line(matrix_dir: Path, old: str, new: str, expected: str) -> None:
     path = edit(matrix_dir, old, new)
@@ -65,7 +65,7 @@ def test_empty_matrix_is_an_error(tmp_path: Path) -> None:
 
 def test_missing_baseline_file(matrix_dir: Path) -> None:
     path = edit(matrix_dir, "[matrix]", '[baseline]\ndir = "sealed"\n\n[matrix]')
-    with pytest.raises(UserError, match=r"baseline file not found: .*sealed/samples\.json"):
+    with pytest.raises(UserError, match=r"key 'baseline.dir': baseline file not found: .*sealed/samples\.json"):
         load_matrix(path)
 
 

@@ -117,7 +117,7 @@ def test_oom_at_load_session_gets_a_plot_that_says_so() -> None:
     dev = fig.axes[0]
     assert "OOM at load" in dev.get_title()
     assert any(ln.get_gid() == "never-ready|0" for ln in dev.get_lines())
-    note = " ".join(t.get_text() for t in dev.texts)
+    note = " ".join(t.get_text() for ax in fig.axes for t in ax.texts)
     assert "no device reading while loading" in note and "CUDA out of memory" in note
     assert "5.00 MiB" in note or note.endswith("…")  # the quoted evidence is never cut mid-number
     plots.plt.close(fig)
@@ -144,4 +144,70 @@ def test_an_oom_is_drawn_at_the_capacity_line_not_at_the_lower_sampled_reading()
     fig = plots.capacity_figure("c", cells, ["default"], 6 * MIB, plots.flag_styles(["default"]), {})
     line = next(ln for ln in fig.axes[0].get_lines() if ln.get_label() == "default")
     assert list(line.get_ydata()) == [4.0, 6.0]
+    plots.plt.close(fig)
+
+
+def _four_steps_and_a_late_first_reading() -> tuple[SessionRecord, list[StepRecord], list]:
+    """A server that loads for 10 s (the `server` gauge answers only at readiness: 3.13 MiB), then serves
+    refs 1, 1, 2, 2 with a client turnaround between requests."""
+    steps = [step("c", "int8", n, t=10 + 3 * i, seed=1 + i % 2, walls=(1.0, 1.2)) for i, n in enumerate((1, 1, 2, 2))]
+    load = (Peak("server", "device", int(3.13 * MIB), 1, None, True),
+            Peak("server-response", "device", None, 0, None, False, "no request during load"))
+    session = SessionRecord("c/int8", "c", "int8", "quantization", "local",
+                            (ServerStart(0, 100.0, 10.0, None, stopped_at=125.0, load_peaks=load),))
+    rows = [(110.0 + i / 10, 0, "server", "device", int((3.13 + (i % 9) / 10) * MIB)) for i in range(130)]
+    rows += [(100.0 + i / 5, 0, "host", "host", 300 * MIB) for i in range(120)]
+    return session, steps, rows
+
+
+def test_the_load_note_sits_outside_the_data_and_quotes_the_reading_at_readiness() -> None:
+    session, steps, rows = _four_steps_and_a_late_first_reading()
+    fig = plots.session_figure(session, steps, rows, 6 * MIB)
+    assert fig is not None
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    notes = [t for ax in fig.axes for t in ax.texts if t.get_gid() == "notes"]
+    assert len(notes) == 1
+    box = notes[0].get_bbox_patch().get_window_extent(renderer)
+    for ax in fig.axes:  # neither the device nor the host panel: no trace, peak bar or span under it
+        assert not box.overlaps(ax.get_window_extent(renderer)), (ax.get_ylabel(), box, ax.get_window_extent())
+    label = fig.axes[1].xaxis.label.get_window_extent(renderer)
+    assert not box.overlaps(label)
+    text = notes[0].get_text()
+    assert "no device reading while loading" in text
+    assert "at readiness 3.13 MiB" in text  # what the session table's load-peak column gives
+    assert "until load is over" not in text
+    plots.plt.close(fig)
+
+
+def test_timeline_separators_fall_where_the_reference_count_changes() -> None:
+    session, steps, rows = _four_steps_and_a_late_first_reading()
+    fig = plots.session_figure(session, steps, rows, 6 * MIB)
+    assert fig is not None
+    dev = fig.axes[0]
+    t0 = 100.0
+    separators = [ln for ln in dev.get_lines() if ln.get_gid() and ln.get_gid().startswith("refs|")]
+    assert [ln.get_gid() for ln in separators] == ["refs|1->2"]
+    assert separators[0].get_xdata()[0] == pytest.approx(steps[2].started_at - t0)  # the first 2-ref request
+    white = [ln for ln in dev.get_lines() if mcolors.to_hex(ln.get_color()) == "#ffffff"]
+    assert white == separators  # no other white line
+    # within a reference count the shading is closed up to the next request: no white gap there
+    spans = {p.get_gid(): p for p in dev.patches
+             if isinstance(p, Rectangle) and (p.get_gid() or "").startswith("step|")}
+    first, second = (spans[f"step|{s.key}|served"] for s in steps[:2])
+    x_end = max(v[0] for v in first.get_path().transformed(first.get_patch_transform()).vertices)
+    x_next = min(v[0] for v in second.get_path().transformed(second.get_patch_transform()).vertices)
+    assert x_end == pytest.approx(x_next)
+    plots.plt.close(fig)
+
+
+def test_latency_plot_draws_the_median_as_the_tables_do() -> None:
+    steps = [step("c", "offload", n, walls=(0.4, 0.5, 0.9)) for n in (1, 2)]
+    cells = summarise(steps, RULES)
+    fig = plots.latency_figure("c", steps, cells, ["offload"], plots.flag_styles(["offload"]))
+    assert fig is not None
+    line = fig.axes[0].containers[0].lines[0]
+    assert list(line.get_ydata()) == pytest.approx([0.5, 0.5])  # the median; the mean would be 0.6
+    assert all(c.wall_s == pytest.approx(0.5) for c in cells)  # the tables' figure
+    assert "median" in fig.axes[0].get_title()
     plots.plt.close(fig)
