@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from runner import backends  # noqa: E402
-from runner.execute import Baselines, References, RunContext, SessionRunner, server_spec  # noqa: E402
+from runner.execute import Baselines, References, RunContext, SessionRunner, attempt_of  # noqa: E402
 from runner.matrix import load_matrix  # noqa: E402
 from runner.meters import build_meters  # noqa: E402
 from runner.plan import make_plan  # noqa: E402
@@ -79,7 +79,7 @@ def main() -> int:
         ctx = RunContext(matrix, plan, store, "overhead")
         session = plan.sessions[0]
         step = session.steps[0]
-        server = backends.create("local", server_spec(ctx, session, 0))
+        server = backends.create(session.server, attempt_of(ctx, session, 0))
         server.start()
         bare: list[float] = []
         inline: list[float] = []

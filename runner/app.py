@@ -10,7 +10,6 @@ was kept and the exact resume command are printed, and a partial report is writt
 from __future__ import annotations
 
 import datetime as dt
-import re
 import shlex
 import signal
 import statistics
@@ -27,7 +26,9 @@ from runner.matrix import Matrix, load_matrix
 from runner.pending import Pending, pending
 from runner.plan import Plan, make_plan
 from runner.records import RunRecord
+from runner.registry import BACKENDS, load
 from runner.store import RunStore
+from runner.units import slug
 
 EXIT_OK, EXIT_INCOMPLETE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -58,7 +59,7 @@ def open_run(matrix_path: str, results: str | None, resume: str | None) -> Opene
         if run_doc["matrix"]["sha256"] != matrix.sha256:
             raise UserError(f"{matrix_path}: matrix changed since run {run_doc['run_id']} (sha256 differs)")
         return Opened(matrix, plan, store, run_doc["run_id"], run_doc, True)
-    run_id = re.sub(r"[^a-zA-Z0-9_.-]+", "-", matrix.run.name) + "-" + runinfo.iso_time(started).replace(":", "")
+    run_id = slug(matrix.run.name) + "-" + runinfo.iso_time(started).replace(":", "")
     root = (Path(results) if results else matrix.run.results_dir) / run_id
     return Opened(matrix, plan, RunStore(root), run_id, runinfo.run_doc(matrix, plan, run_id, started), False)
 
@@ -225,25 +226,12 @@ def run(matrix_path: str, *, results: str | None = None, resume: str | None = No
 
 
 def _reap_leftovers(matrix: Matrix, todo: Pending) -> None:
-    """What a dead runner left is stopped before this run starts, and each removal says why: local servers by
-    recorded PID + start time, containers whose owner labels name a dead runner. A live run's are kept."""
-    from runner.backends.local import reap_orphans
-
-    for note in reap_orphans():
-        print(f"runner: {note}", file=sys.stderr)
-    hosts = {matrix.cards[c].docker_host for lane in todo.lanes for c in lane.cards
-             if matrix.cards[c].backend == "docker"}
-    if not hosts:
-        return
-    from docker.errors import DockerException
-
-    from runner.backends.docker import reap
-
-    for host in hosts:
-        where = host or "local engine"
-        try:
-            for name, removed, why in reap(host):
-                print(f"runner: {'removed' if removed else 'left'} container {name} ({where}): {why}",
-                      file=sys.stderr)
-        except DockerException as exc:
-            print(f"runner: could not check {where} for leftover containers: {exc}", file=sys.stderr)
+    """What a dead runner left is stopped before this run starts, by each backend the pending cards use (its
+    registry entry's `reap`), and each removal says why: local servers by recorded PID + start time,
+    containers whose owner labels name a dead runner. A live run's are kept."""
+    cards = [matrix.cards[c] for lane in todo.lanes for c in lane.cards]
+    for backend in dict.fromkeys(c.backend for c in cards):
+        entry = BACKENDS.get(backend)
+        if entry.reap is not None:
+            for note in load(entry.reap)([c.options for c in cards if c.backend == backend]):
+                print(f"runner: {note}", file=sys.stderr)

@@ -16,6 +16,8 @@ from typing import Any
 
 import httpx
 
+from runner.units import MIB
+
 GRACE_S = 0.25  # beyond the deadline, for the worker to hand over an answer that arrived just in time
 
 
@@ -105,7 +107,6 @@ def exchange(client: httpx.Client, method: str, url: str, *, deadline_s: float, 
     return box["answer"]
 
 
-MIB = 2**20
 DEFAULT_SIDE = 2048  # when the matrix requests no size: the largest side vLLM-Omni's Qwen-Image serves by default
 
 

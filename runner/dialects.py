@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runner.reading import BadReading, to_bytes
-from runner.vocab import Dialect
+from runner.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -112,15 +112,43 @@ def _edits(req: ImageRequest) -> HttpCall:
     return HttpCall("/v1/images/edits", _images_fields(req), files)
 
 
-BUILDERS: dict[Dialect, Callable[[ImageRequest], HttpCall]] = {
-    Dialect.VLLM_OMNI_CHAT: _chat,
-    Dialect.OPENAI_IMAGES: _generations,
-    Dialect.OPENAI_IMAGES_EDITS: _edits,
-}
+def _chat_images(doc: dict[str, Any]) -> list[str] | str:
+    """The image URLs of a chat completion, or why there are none."""
+    try:
+        content = doc["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        return "response has no choices[0].message.content"
+    if isinstance(content, str):
+        return f"content is text, not images: {content[:80]!r}"
+    return [p.get("image_url", {}).get("url", "") for p in content
+            if isinstance(p, dict) and p.get("type") == "image_url"]
+
+
+def _images_data(doc: dict[str, Any]) -> list[str] | str:
+    """images/generations and images/edits answer in the same shape: data[].b64_json."""
+    return [d.get("b64_json", "") for d in doc.get("data", []) if isinstance(d, dict)]
+
+
+@dataclass(frozen=True)
+class DialectEntry:
+    """One request API: how a request is built and where a 200 response keeps its images."""
+
+    name: str
+    build: Callable[[ImageRequest], HttpCall]
+    images: Callable[[dict[str, Any]], list[str] | str]  # base64 payloads (or data URIs), or the problem
+    doc: str
+
+
+DIALECTS: Registry[DialectEntry] = Registry("dialect")
+DIALECTS.register(DialectEntry("vllm-omni-chat", _chat, _chat_images,
+                               "chat completions, ordered image_url references, literal extra_body"))
+DIALECTS.register(DialectEntry("openai-images", _generations, _images_data, "images/generations (no references)"))
+DIALECTS.register(DialectEntry("openai-images-edits", _edits, _images_data,
+                               "multipart images/edits, one image[] part per reference"))
 
 
 def build(dialect: str, req: ImageRequest) -> HttpCall:
-    return BUILDERS[Dialect(dialect)](req)
+    return DIALECTS.get(dialect).build(req)
 
 
 def _b64(text: str) -> bytes | None:
@@ -171,17 +199,9 @@ def parse(dialect: str, body: bytes) -> Parsed:
     if not isinstance(doc, dict):
         return Parsed(None, None, "response JSON is not an object")
     peak = server_peak(doc)
-    if dialect == "vllm-omni-chat":
-        try:
-            content = doc["choices"][0]["message"]["content"]
-        except (KeyError, IndexError, TypeError):
-            return Parsed(None, peak, "response has no choices[0].message.content")
-        if isinstance(content, str):
-            return Parsed(None, peak, f"content is text, not images: {content[:80]!r}")
-        urls = [p.get("image_url", {}).get("url", "") for p in content
-                if isinstance(p, dict) and p.get("type") == "image_url"]
-    else:  # openai-images and openai-images-edits answer in the same shape
-        urls = [d.get("b64_json", "") for d in doc.get("data", []) if isinstance(d, dict)]
+    urls = DIALECTS.get(dialect).images(doc)
+    if isinstance(urls, str):
+        return Parsed(None, peak, urls)
     if not urls:
         return Parsed(None, peak, "response holds no image")
     image = _b64(urls[0])

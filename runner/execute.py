@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import re
-import socket
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -23,7 +21,7 @@ import httpx
 from PIL import Image
 
 from runner import backends, baseline, bounded, dialects, policy, scoring
-from runner.backends.base import RunningServer, ServerSpec, StartFailed
+from runner.backends.base import Attempt, RunningServer, StartFailed
 from runner.events import Events
 from runner.failures import classify_request, references_dropped
 from runner.matrix import Matrix
@@ -31,7 +29,9 @@ from runner.meters import Meter, build_meters, idle_baseline
 from runner.pending import Pending, pending
 from runner.plan import Plan, Session, Step
 from runner.records import Failure, FailureClass, Peak, ServerStart, SessionRecord, Status, StepRecord
+from runner.registry import METERS
 from runner.store import RunStore
+from runner.units import slug
 
 RESTART_AFTER = {FailureClass.CRASH, FailureClass.TIMEOUT}
 MEMORY_FLUSH_S = 10.0  # a running start's memory samples reach memory.csv at least this often
@@ -53,25 +53,12 @@ class RunContext:
             self.todo = pending(self.plan, self.records.values(), ())
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-zA-Z0-9_.-]+", "-", text)
-
-
-def server_spec(ctx: RunContext, session: Session, attempt: int) -> ServerSpec:
-    """The planned server of a session for one start: a free port when the plan leaves it to the start."""
-    server = session.server
-    assert server is not None, "make_plan renders every session's server"
-    port = server.port if server.backend == "docker" or server.port else free_port()
-    return ServerSpec.from_plan(
-        server, name=_slug(f"runner-{ctx.run_id}-{session.card}-{session.flags}-{attempt}").lower(), port=port,
-        log_path=ctx.store.session_dir(session.key) / ("server.log" if attempt == 0 else f"server.{attempt}.log"),
-        labels={"runner.run": ctx.run_id, "runner.attempt": str(attempt)})
+def attempt_of(ctx: RunContext, session: Session, attempt: int) -> Attempt:
+    """What one start of a session's planned server adds to the plan: its name, log file and labels."""
+    return Attempt(name=slug(f"runner-{ctx.run_id}-{session.card}-{session.flags}-{attempt}").lower(),
+                   log_path=ctx.store.session_dir(session.key) / ("server.log" if attempt == 0
+                                                                   else f"server.{attempt}.log"),
+                   labels={"runner.run": ctx.run_id, "runner.attempt": str(attempt)})
 
 
 def _mime(data: bytes) -> str:
@@ -330,7 +317,7 @@ class SessionRunner:
     # -- the session: a thin loop around policy.next_action -------------------------------------------
     def run_session(self) -> SessionRecord:
         log = _SessionLog.resume(self.ctx.store.load_session(self.session.key), len(self.session.steps))
-        on_gpu = self.card.gpu is not None or bool({"nvml", "sidecar"} & set(self.card.meters))
+        on_gpu = self.card.gpu is not None or any(m in METERS and METERS.get(m).reads_gpu for m in self.card.meters)
         rules = policy.Rules(restarts=self.run.restarts, stop_after_oom=self.run.stop_after_oom,
                              oom_implies_seeds=self.run.oom_implies_seeds,
                              determinism_resend=self.run.determinism_check and self.run.repeats == 1,
@@ -400,8 +387,8 @@ class _Server:
 
     def __init__(self, runner: SessionRunner, attempt: int, log: _SessionLog) -> None:
         self.runner, self.attempt, self.log = runner, attempt, log
-        self.spec = server_spec(runner.ctx, runner.session, attempt)
-        self.server = backends.create(runner.card.backend, self.spec)
+        assert runner.session.server is not None, "make_plan renders every session's server"
+        self.server = backends.create(runner.session.server, attempt_of(runner.ctx, runner.session, attempt))
         self.meters = build_meters(runner.card, self.server, runner.run.sample_hz)
         self.ticker = _MemoryTicker(runner.ctx.events, runner.card.name, self.meters)
         self.t_start = self.t_ready = time.time()
@@ -438,7 +425,7 @@ class _Server:
                            ready_s=None if self.ready_s is None else round(self.ready_s, 3),
                            failure=self.failure, stopped_at=stopped_at,
                            load_peaks=tuple(m.window_peak(self.t_start, self.t_ready) for m in self.meters),
-                           info={**self.server.info(), "log": self.spec.log_path.name})
+                           info={**self.server.info(), "log": self.server.log_path.name})
 
     def _series(self) -> list:
         return [x for m in self.meters for x in (m.series(), *m.extra_series())]

@@ -16,13 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner.errors import UserError
-from runner.vocab import Backend, Dialect, MeterName, Role, names
+from pydantic import ValidationError
 
-# Allowed values come from the registries in runner.vocab (declared once).
-DIALECTS = names(Dialect)
-BACKENDS = names(Backend)
-METERS = names(MeterName)
+from runner.dialects import DIALECTS
+from runner.errors import UserError
+from runner.registry import BACKENDS, METERS, BackendOptions, OptionError, Options, listed_meters
+from runner.units import slug
+from runner.vocab import Role, names
+
+# Allowed values come from runner.vocab and the registries (read at load: an entry added later counts).
 ROLES = names(Role)
 MAX_SIDE = 16384  # pixels per side of a requested image
 MAX_TIMEOUT_S = 7 * 86400  # a timeout longer than a week is a typo, and must not mean "forever"
@@ -61,33 +63,32 @@ class Mount:
 
 @dataclass(frozen=True)
 class ServerProfile:
+    """The server's shape, declared once: the plan and the backend read it from here."""
+
     name: str
-    command: tuple[str, ...]
-    image: str | None
-    port: int  # port inside the container / on the host; 0 picks a free one (local backend)
-    health_path: str
-    dialect: str
-    model: str
-    env: Mapping[str, str]
-    mounts: tuple[Mount, ...]
-    shm_size: str | None
-    ipc_mode: str | None
+    command: tuple[str, ...] = ()
+    image: str | None = None
+    port: int = 0  # port inside the container / on the host; 0: the backend picks a free one at each start
+    health_path: str = "/health"
+    dialect: str = "vllm-omni-chat"
+    model: str = ""
+    env: Mapping[str, str] = field(default_factory=dict)
+    mounts: tuple[Mount, ...] = ()
+    shm_size: str | None = None
+    ipc_mode: str | None = None
 
 
 @dataclass(frozen=True)
 class Card:
     name: str
     server: str
-    backend: str
-    docker_host: str | None
+    backend: str  # a runner.registry.BACKENDS name
     gpu: str | None  # index or UUID
     vram_gib: float
-    meters: tuple[str, ...]
-    publish_host: str
+    meters: tuple[str, ...]  # runner.registry.METERS names, in the card's order of trust
     env: Mapping[str, str]
-    dcgm_url: str | None
-    prometheus_url: str | None
-    sidecar_url: str | None
+    options: BackendOptions  # the backend's own card keys (docker: docker_host, publish_host)
+    meter_options: Mapping[str, Options] = field(default_factory=dict)  # per meter that reads card keys
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,10 @@ class Axes:
     references: tuple[int, ...]
     fixtures: tuple[str, ...]
     exclude: tuple[Mapping[str, str], ...]
+
+    def kept(self, card: str, flags: str) -> bool:
+        """Whether the card × flag set cell runs (no `exclude` entry matches it)."""
+        return not any(ex.get("card", card) == card and ex.get("flags", flags) == flags for ex in self.exclude)
 
 
 @dataclass(frozen=True)
@@ -178,6 +183,11 @@ class _Table:
         if isinstance(value, float) and not math.isfinite(value):  # TOML allows nan/inf; JSON and timers do not
             raise self._err(key, f"must be a finite number, got {_show(value)}")
         return value
+
+    def raw(self, key: str) -> Any:
+        """The value as written, for a declared model to validate."""
+        self.seen.add(key)
+        return self.data[key]
 
     def list_of(self, key: str, kind: type, default: Any = ..., *, min_len: int = 0) -> tuple:
         value = self.get(key, list, default, what=f"a list of {_kind_name((kind,))}")
@@ -346,7 +356,7 @@ def _run(file: Path, t: _Table, base: Path) -> RunSettings:
     if not results_text.strip() or "\0" in results_text:
         raise t.err("results_dir", f"must be a folder path, got {_show(results_text)}")
     run = RunSettings(
-        name=name or (re.sub(r"[^A-Za-z0-9_.-]+", "-", file.stem).strip(".-_")[:64] or "run"),
+        name=name or (slug(file.stem).strip(".-_")[:64] or "run"),
         seeds=seeds,
         steps=t.positive("steps", int, 20),
         size=size,
@@ -399,7 +409,7 @@ def _server(file: Path, name: str, t: _Table) -> ServerProfile:
         raise t.err("port", f"must be a TCP port, got {port}")
     profile = ServerProfile(
         name=name, command=command, image=image, port=port, health_path=health,
-        dialect=t.choice("dialect", DIALECTS, "vllm-omni-chat"), model=t.get("model", str, name),
+        dialect=t.choice("dialect", DIALECTS.names(), "vllm-omni-chat"), model=t.get("model", str, name),
         env=_env_map(file, t, "env"), mounts=tuple(mounts), shm_size=t.get("shm_size", str, None),
         ipc_mode=t.get("ipc_mode", str, None),
     )
@@ -407,39 +417,61 @@ def _server(file: Path, name: str, t: _Table) -> ServerProfile:
     return profile
 
 
+def _options(t: _Table, model: type[Options], data: dict[str, Any]) -> Any:
+    """One kind's card keys through its declared model; a problem is one line naming the key."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, OptionError):
+            raise t.err(cause.key, cause.problem) from None
+        key = ".".join(str(x) for x in err["loc"]) or next(iter(data), "?")
+        problem = err["msg"].removeprefix("Value error, ")
+        got = f", got {_show(err['input'])}" if err["type"] != "missing" else ""
+        raise t.err(key, f"{problem[0].lower()}{problem[1:]}{got}") from None
+
+
 def _card(file: Path, name: str, t: _Table, servers: Mapping[str, ServerProfile]) -> Card:
     server = t.get("server", str)
     if server not in servers:
         raise t.err("server", f"names unknown server profile {_show(server)} (known: {', '.join(servers)})")
-    backend = t.choice("backend", BACKENDS, "local")
-    docker_host = t.get("docker_host", str, None)
-    if docker_host and not docker_host.startswith(("unix://", "tcp://", "ssh://", "npipe://")):
-        raise t.err("docker_host", f"must start with unix://, tcp:// or ssh://, got {_show(docker_host)}")
-    if backend == "docker" and servers[server].image is None:
-        raise t.err("backend", f"is docker but server profile '{server}' has no image")
+    backend = t.choice("backend", BACKENDS.names(), "local")
+    entry = BACKENDS.get(backend)
+    for other in BACKENDS.entries():
+        stray = next((k for k in other.options.model_fields if k in t.data), None)
+        if other is not entry and stray and stray not in entry.options.model_fields:
+            raise t.err(stray, f"applies to backend '{other.name}' only, not to this card's '{backend}'")
+    mine = {k: t.raw(k) for k in entry.options.model_fields if k in t.data}
+    options = _options(t, entry.options, mine)
+    if entry.needs_image and servers[server].image is None:
+        raise t.err("backend", f"is {backend} but server profile '{server}' has no image")
     gpu = t.get("gpu", (str, int), None)
     meters = t.list_of("meters", str, ("server", "host"))
+    known = listed_meters()
     for m in meters:
-        if m not in METERS:
-            raise t.err("meters", f"names unknown meter {_show(m)} (known: {', '.join(METERS)})")
+        if m not in known:
+            raise t.err("meters", f"names unknown meter {_show(m)} (known: {', '.join(known)})")
+    meter_options = {}
+    for m in METERS.entries():
+        if m.options is None:
+            continue
+        given = {k: t.raw(k) for k in m.options.model_fields if k in t.data}
+        if m.name in meters or given:
+            missing = next((k for k in m.options.model_fields if k not in given
+                            and m.options.model_fields[k].is_required()), None)
+            if missing and m.name in meters:
+                raise t.err(missing, f"is required when meters includes '{m.name}'")
+            if not missing:
+                meter_options[m.name] = _options(t, m.options, given)
     gib, mib = t.positive("vram_gib", (int, float), None), t.positive("vram_mib", (int, float), None)
     if (gib is None) == (mib is None):
         raise t.err("vram_gib", "is required (or vram_mib), exactly one of the two")
     card = Card(
-        name=name, server=server, backend=backend, docker_host=docker_host,
-        gpu=None if gpu is None else str(gpu), vram_gib=float(gib if gib is not None else mib / 1024),
-        meters=meters, publish_host=t.get("publish_host", str, "127.0.0.1"), env=_env_map(file, t, "env"),
-        dcgm_url=t.get("dcgm_url", str, None), prometheus_url=t.get("prometheus_url", str, None),
-        sidecar_url=t.get("sidecar_url", str, None),
+        name=name, server=server, backend=backend, gpu=None if gpu is None else str(gpu),
+        vram_gib=float(gib if gib is not None else mib / 1024), meters=meters, env=_env_map(file, t, "env"),
+        options=options, meter_options=meter_options,
     )
-    remote = bool(docker_host) and docker_host.startswith(("ssh://", "tcp://"))
-    if backend == "docker" and remote and card.publish_host in ("127.0.0.1", "localhost", "::1"):
-        raise t.err("publish_host", f"is {card.publish_host!r} but docker_host {docker_host!r} is another machine: "
-                                    "the runner could not reach the server; use the host's address (or '0.0.0.0')")
-    for meter, url in (("dcgm", card.dcgm_url), ("prometheus", card.prometheus_url),
-                       ("sidecar", card.sidecar_url)):
-        if meter in meters and not url:
-            raise t.err(f"{meter}_url", f"is required when meters includes '{meter}'")
     t.done()
     return card
 
@@ -492,17 +524,13 @@ def _axes(file: Path, t: _Table, cards: Mapping, flags: Mapping, fixtures: Mappi
     if not (axes.cards and axes.flags and axes.fixtures):
         empty = "cards" if not axes.cards else "flags" if not axes.flags else "fixtures"
         raise UserError(f"{file}: the matrix is empty: no {empty} (add a [{empty}.NAME] table)")
-    if not any(_kept(axes, c, f) for c in axes.cards for f in axes.flags):
+    if not any(axes.kept(c, f) for c in axes.cards for f in axes.flags):
         raise t.err("exclude", "leaves out every card × flag set cell: nothing would run")
     for fx in axes.fixtures:
         if len(fixtures[fx].references) < max(axes.references):
             raise UserError(f"{file}: key 'fixtures.{fx}.references' holds {len(fixtures[fx].references)} "
                             f"image(s) but the matrix asks for {max(axes.references)}")
     return axes
-
-
-def _kept(axes: Axes, card: str, flags: str) -> bool:
-    return not any(ex.get("card", card) == card and ex.get("flags", flags) == flags for ex in axes.exclude)
 
 
 def _baseline(file: Path, t: _Table, base: Path, cards: Mapping, flags: Mapping) -> Baseline | None:

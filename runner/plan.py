@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from runner.matrix import Card, FlagSet, Matrix, Mount, ServerProfile, render_template
+from runner.matrix import Card, FlagSet, Matrix, ServerProfile, render_template
+from runner.registry import BACKENDS, BackendOptions, LocalOptions
 from runner.secrets import MASK, mask_env
 from runner.units import GIB, fmt_bytes
 
@@ -42,22 +43,18 @@ class Step:
 
 @dataclass(frozen=True)
 class ServerPlan:
-    """Exactly what a session starts. `port` 0: a free port is picked at each start and put where the
-    argv/env say RUNTIME_PORT; otherwise the rendered argv/env are final."""
+    """Exactly what a session starts: the profile's declared shape (image, port, health path, mounts…, read
+    from `profile`, never copied) with argv/env rendered for one card and flag set. The backend consumes it
+    as it is and decides the port: where the argv/env say RUNTIME_PORT (profile port 0) it puts the one it
+    picks at each start."""
 
-    backend: str  # a runner.backends name
+    backend: str  # a runner.registry.BACKENDS name
+    profile: ServerProfile
     argv: tuple[str, ...]  # the command (local) or the container's arguments (docker)
     env: Mapping[str, str]  # the real values: shown or stored only through secrets.mask_env
-    image: str | None
-    port: int  # the port the runner reaches (local) / the container port (docker); 0 = picked per start
-    health_path: str
-    labels: Mapping[str, str]  # the run id and attempt are added at start
-    docker_host: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)  # the run id and attempt are added at start
     gpu: str | None = None
-    publish_host: str = "127.0.0.1"
-    mounts: tuple[Mount, ...] = ()
-    shm_size: str | None = None
-    ipc_mode: str | None = None
+    options: BackendOptions = field(default_factory=LocalOptions)  # the card's keys for its backend
 
     def with_port(self, port: int) -> tuple[tuple[str, ...], dict[str, str]]:
         """argv and env of one start, the runtime port filled in."""
@@ -120,40 +117,26 @@ class Plan:
         return tuple(step for s in self.sessions for step in s.steps)
 
 
-def _excluded(matrix: Matrix, card: str, flags: str) -> bool:
-    return any(ex.get("card", card) == card and ex.get("flags", flags) == flags for ex in matrix.axes.exclude)
-
-
 def device_of(matrix: Matrix, card: str) -> str:
     c = matrix.cards[card]
     if c.gpu is None:
         return card
-    return f"{c.docker_host or 'local'}#gpu{c.gpu}"
-
-
-def render(template: str, values: Mapping[str, str]) -> str:
-    """Fill the matrix's placeholders (names only, checked at load; no str.format, which would evaluate format
-    specs). A `${VAR}` in an env value stays: the backend resolves it when the server starts."""
-    return render_template(template, values)
+    return f"{c.options.host()}#gpu{c.gpu}"
 
 
 def server_plan(matrix: Matrix, card: Card, flags: FlagSet) -> ServerPlan:
-    """Server profile + card + flag set → exactly what the backend starts."""
+    """Server profile + card + flag set → exactly what the backend starts. The port placeholder is the
+    profile's port, or RUNTIME_PORT where the backend picks one at each start."""
     profile: ServerProfile = matrix.servers[card.server]
-    docker = card.backend == "docker"
-    # A container listens on its profile port (published to a free host port); a local server on the
-    # profile's fixed port, or on one picked at each start.
-    port = profile.port if (docker or profile.port) else 0
-    values = {"port": str(port) if port else RUNTIME_PORT, "host": "0.0.0.0" if docker else "127.0.0.1",
-              "model": profile.model, "python": sys.executable, "card": card.name, "gpu": card.gpu or "",
-              "vram_gib": f"{card.vram_gib:g}", "flags": flags.name}
+    values = {"port": str(profile.port) if profile.port else RUNTIME_PORT,
+              "host": BACKENDS.get(card.backend).bind_host, "model": profile.model, "python": sys.executable,
+              "card": card.name, "gpu": card.gpu or "", "vram_gib": f"{card.vram_gib:g}", "flags": flags.name}
     return ServerPlan(
-        backend=card.backend, argv=tuple(render(a, values) for a in (*profile.command, *flags.args)),
-        env={k: render(v, values) for k, v in {**profile.env, **card.env, **flags.env}.items()},
-        image=profile.image, port=port, health_path=profile.health_path,
+        backend=card.backend, profile=profile,
+        argv=tuple(render_template(a, values) for a in (*profile.command, *flags.args)),
+        env={k: render_template(v, values) for k, v in {**profile.env, **card.env, **flags.env}.items()},
         labels={"runner.managed": "true", "runner.card": card.name, "runner.flags": flags.name},
-        docker_host=card.docker_host, gpu=card.gpu, publish_host=card.publish_host, mounts=profile.mounts,
-        shm_size=profile.shm_size, ipc_mode=profile.ipc_mode)
+        gpu=card.gpu, options=card.options)
 
 
 def request_shape(matrix: Matrix, card: Card) -> RequestShape:
@@ -168,7 +151,7 @@ def make_plan(matrix: Matrix) -> Plan:
     by_device: dict[str, list[Session]] = {}
     cards_of: dict[str, list[str]] = {}
     for card in axes.cards:
-        flag_names = [f for f in axes.flags if not _excluded(matrix, card, f)]
+        flag_names = [f for f in axes.flags if axes.kept(card, f)]
         # A baseline cell on this card runs first, so its images exist before the others are scored.
         if matrix.baseline and matrix.baseline.cell and matrix.baseline.cell[0] in (card, None):
             flag_names.sort(key=lambda f: f != matrix.baseline.cell[1])
@@ -202,17 +185,16 @@ def describe(plan: Plan, matrix: Matrix) -> str:
         for s in lane.sessions:
             if s is next(x for x in lane.sessions if x.card == s.card):
                 card = matrix.cards[s.card]
-                where = card.backend if card.backend == "local" else f"docker {card.docker_host or 'local engine'}"
-                lines.append(f"card {s.card}: {fmt_bytes(card.vram_gib * GIB)}, gpu {card.gpu or '-'}, {where}, "
+                lines.append(f"card {s.card}: {fmt_bytes(card.vram_gib * GIB)}, gpu {card.gpu or '-'}, "
+                             f"{card.options.where()}, "
                              f"server '{card.server}', meters {', '.join(card.meters)}")
             fs = matrix.flags[s.flags]
             lines.append(f"  session {s.key} [{fs.role}]")
             if s.server is not None:
                 srv = s.server
-                what = f"image {srv.image} on {srv.docker_host or 'local engine'}" if srv.backend == "docker" \
-                    else "local process"
-                port = "a free port picked at each start" if srv.port == 0 else str(srv.port)
-                lines.append(f"    starts ({what}, port {port}, ready at GET {srv.health_path}):")
+                line = BACKENDS.get(srv.backend).start_line
+                what = line(srv) if line else srv.backend
+                lines.append(f"    starts ({what}, ready at GET {srv.profile.health_path}):")
                 lines.append(f"      {srv.command_line() or '(image default command)'}")
                 env = mask_env(srv.env)
                 if env:

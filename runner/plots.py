@@ -38,20 +38,6 @@ OUTCOME_HATCH = {"served": None, "broken": "///", "failed": "x"}
 NOT_SERVED = {"marker": "x", "color": "black", "ms": 5, "mew": 1.3, "ls": "none"}
 NEVER_READY = {"marker": "*", "mec": "black", "ms": 15, "mew": 1.0, "ls": "none"}
 
-# What each memory source measures, and why it may have no reading during load (report glossary + plot notes).
-SOURCES = {
-    "nvml": "whole-device VRAM in use (NVML `used`) on the runner's host, 500 Hz–2 kHz",
-    "sidecar": "the same NVML figure sampled on the GPU's own host by `runner meter`, polled for window maxima",
-    "dcgm": "dcgm-exporter's `DCGM_FI_DEV_FB_USED`, as fine as the exporter's collection interval",
-    "prometheus": "`max_over_time` of the DCGM figure in Prometheus: sub-second peaks are lost",
-    "server": "the server's own `/metrics` memory gauge, ≤ 20 Hz; the server opens its port only after load, so "
-              "it has no reading while loading",
-    "server-response": "the `peak_memory_mb` the server reports in each response: the allocator's peak over "
-                       "the request, short spikes included (one figure per request, no time series)",
-    "host": "host RAM (RSS) of the server's process tree or container, ≤ 10 Hz: where offloaded memory goes",
-}
-
-
 @dataclass(frozen=True)
 class FlagStyle:
     color: str

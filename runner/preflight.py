@@ -6,7 +6,8 @@ what is wrong, and nothing started or written when it is.
 - the baseline's samples.json: well-formed, finite numbers;
 - the results folder: a writable folder (or creatable under one) with room left;
 - env values that reference the runner's environment ("${VAR}"): the variable is set;
-- local servers on a fixed port: the port is free, and no two lanes start that server at the same time.
+- what each backend checks itself (runner.registry: local servers on a fixed port: the port is free, and no
+  two lanes start that server at the same time).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from runner import baseline
 from runner.errors import UserError
 from runner.matrix import Matrix
 from runner.plan import Plan
+from runner.registry import BACKENDS, load
 from runner.secrets import missing_refs
 
 MAX_IMAGE_BYTES = 64 * 2**20
@@ -43,7 +45,7 @@ def check(matrix: Matrix, plan: Plan, results: Path, *, resume: bool = False) ->
         check_baseline(matrix.baseline.directory)
     check_results(results, resume=resume)
     check_env(matrix, plan)
-    check_ports(matrix, plan)
+    check_backends(matrix, plan)
 
 
 def _regular_file(path: Path, where: str, limit: int) -> int:
@@ -135,21 +137,10 @@ def check_env(matrix: Matrix, plan: Plan) -> None:
                                 f"in the runner's environment (export it before the run)")
 
 
-def check_ports(matrix: Matrix, plan: Plan) -> None:
-    from runner.backends.local import port_busy
-
-    lanes_of: dict[str, set[str]] = {}
-    for lane in plan.lanes:
-        for card in lane.cards:
-            c = matrix.cards[card]
-            if c.backend == "local" and matrix.servers[c.server].port:
-                lanes_of.setdefault(c.server, set()).add(lane.name)
-    for server, lanes in sorted(lanes_of.items()):
-        port = matrix.servers[server].port
-        if len(lanes) > 1:
-            raise UserError(f"{matrix.path}: key 'servers.{server}.port' is fixed ({port}) but lanes "
-                            f"{', '.join(sorted(lanes))} start that server at the same time; use port = 0")
-        busy = port_busy("127.0.0.1", port)
-        if busy:
-            raise UserError(f"{matrix.path}: key 'servers.{server}.port': {busy}; the runner will not measure "
-                            f"someone else's server (stop it, or use port = 0)")
+def check_backends(matrix: Matrix, plan: Plan) -> None:
+    """Each backend the plan uses checks what it needs (its registry entry's `preflight`): e.g. the local
+    backend's fixed ports are free and not shared by two lanes."""
+    for backend in dict.fromkeys(s.server.backend for s in plan.sessions if s.server is not None):
+        entry = BACKENDS.get(backend)
+        if entry.preflight is not None:
+            load(entry.preflight)(matrix, plan)

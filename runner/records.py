@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from runner.vocab import Backend, MemoryMetric, Role
+from runner.vocab import MemoryMetric, Role
 
 # 2: implied_by, wall_samples_s, schema_version; a start may be open (stopped_at null) after a kill
 # 3: server_peak_mb -> server_peak_mib + server_peak_source + server_peak_measures; failure references_dropped
@@ -206,7 +206,7 @@ class SessionRecord:
     card: str
     flags: str
     role: Role
-    backend: Backend
+    backend: str  # a runner.registry.BACKENDS name
     starts: tuple[ServerStart, ...]
     session_peaks: tuple[Peak, ...] = ()
     meters: tuple[dict[str, Any], ...] = ()  # provenance per meter: source, available, reason, samples, hz

@@ -12,8 +12,9 @@ from typing import Any
 
 from runner import plots, quote
 from runner.failures import without_stamp
-from runner.meters.reconcile import reconcile, render
+from runner.reconcile import reconcile, render
 from runner.records import Failure, SessionRecord, Status, StepRecord
+from runner.registry import METERS
 from runner.store import RunStore, inside, load_memory
 from runner.units import GIB, clip, fmt_bytes, fmt_s
 from runner.verdict import Cell, IdenticalPair, Verdict, World, identical_pairs
@@ -220,7 +221,7 @@ def write_report(store: RunStore, verdicts: list[Verdict]) -> Path:
     peaks = [p for s in steps for p in s.peaks] + [p for s in sessions for p in s.session_peaks]
     read = {p.source for p in peaks if p.available}
     tried = {p.source for p in peaks} - read
-    for name, what in plots.SOURCES.items():
+    for name, what in ((e.name, e.glossary) for e in METERS.entries()):
         state = "yes" if name in read else "configured, never available" if name in tried else "–"
         lines.append(f"| `{name}` | {what} | {state} |")
     lines += ["", "docs/meters.md has each source's rate, what it catches and what it misses.", ""]

@@ -46,7 +46,7 @@ def run_doc(matrix: Matrix, plan: Plan, run_id: str, started: float) -> dict[str
         "runner": {"version": __version__, "python": platform.python_version(),
                    "packages": package_versions()},
         "host": {"hostname": socket.gethostname(), "platform": platform.platform(), "cpus": os.cpu_count()},
-        "cards": {name: {"vram_gib": c.vram_gib, "backend": c.backend, "docker_host": c.docker_host,
+        "cards": {name: {"vram_gib": c.vram_gib, "backend": c.backend, **c.options.model_dump(),
                          "gpu": c.gpu, "server": c.server, "image": matrix.servers[c.server].image,
                          "meters": list(c.meters)} for name, c in matrix.cards.items()},
         "plan": {"lanes": len(plan.lanes), "steps": len(plan.steps), "sessions": [s.key for s in plan.sessions]},

@@ -60,7 +60,8 @@ def _rgb(image: Image.Image) -> np.ndarray:
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(np.mean((a - b) ** 2))
+    """Peak signal-to-noise ratio of two 8-bit images (any integer or float arrays); inf when identical."""
+    mse = float(np.mean((np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)) ** 2))
     return float("inf") if mse == 0 else 10.0 * np.log10(255.0**2 / mse)
 
 

@@ -1,11 +1,18 @@
 """Formatting shared by console, report and plots: bytes readable from a tiny CPU emulation (MiB) to a real card
-(GiB), seconds with one precision, text shortened without cutting a number from its unit."""
+(GiB), seconds with one precision, text shortened without cutting a number from its unit, names made safe for
+folders and containers."""
 
 from __future__ import annotations
 
 import re
 
 MIB, GIB = 2**20, 2**30
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def slug(text: str) -> str:
+    """A folder, run id or container name from any text: runs of other characters become one '-'."""
+    return _UNSAFE.sub("-", text)
 
 
 def unit_for(max_bytes: float) -> tuple[float, str]:

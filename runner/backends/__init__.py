@@ -1,20 +1,17 @@
-"""Where a server runs: `local` (a subprocess) or `docker` (a container, local engine or ssh://)."""
+"""Where a server runs: one runner.registry.BACKENDS entry per backend (`local`: a subprocess, `docker`: a
+container on a local engine or ssh://). Kept light: the supervisor runs as `-m runner.backends.supervisor`."""
 
 from __future__ import annotations
 
-from runner.backends.base import ExitInfo, RunningServer, ServerSpec, StartFailed
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from runner.backends.base import Attempt, RunningServer
+    from runner.plan import ServerPlan
 
 
-def create(backend: str, spec: ServerSpec) -> RunningServer:
-    if backend == "local":
-        from runner.backends.local import LocalServer
+def create(plan: ServerPlan, attempt: Attempt) -> RunningServer:
+    """The planned server's backend, for one start (its class is imported only now)."""
+    from runner.registry import BACKENDS, load
 
-        return LocalServer(spec)
-    if backend == "docker":
-        from runner.backends.docker import DockerServer
-
-        return DockerServer(spec)
-    raise ValueError(f"unknown backend {backend!r}")
-
-
-__all__ = ["ExitInfo", "RunningServer", "ServerSpec", "StartFailed", "create"]
+    return load(BACKENDS.get(plan.backend).factory)(plan, attempt)  # type: ignore[no-any-return]

@@ -18,7 +18,6 @@ import httpx
 
 from runner import bounded, quote
 from runner.failures import classify_start
-from runner.matrix import Mount
 from runner.plan import ServerPlan
 from runner.records import Failure, FailureClass
 from runner.secrets import resolved_values
@@ -28,39 +27,12 @@ PROBE_BYTES = 1 << 20  # a /health answer larger than this is not one
 
 
 @dataclass(frozen=True)
-class ServerSpec:
-    name: str  # deterministic: runner-<run id>-<card>-<flags>
-    argv: tuple[str, ...]  # the command (local) or the container's command (docker)
-    env: Mapping[str, str]
-    host: str  # where the runner reaches the server
-    port: int  # the port the runner reaches
-    health_path: str
+class Attempt:
+    """What one start adds to the planned server: its name, its log file and the run's labels."""
+
+    name: str  # deterministic: runner-<run id>-<card>-<flags>-<attempt>
     log_path: Path
-    image: str | None = None
-    container_port: int | None = None
-    publish_host: str = "127.0.0.1"
-    docker_host: str | None = None
-    gpu: str | None = None
-    mounts: tuple[Mount, ...] = ()
-    shm_size: str | None = None
-    ipc_mode: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @classmethod
-    def from_plan(cls, server: ServerPlan, *, name: str, port: int, log_path: Path,
-                  labels: Mapping[str, str]) -> ServerSpec:
-        """One start of a planned server: the runtime port (local, picked per start) and the run's labels."""
-        argv, env = server.with_port(port)
-        docker = server.backend == "docker"
-        return cls(name=name, argv=argv, env=env, host="127.0.0.1", port=0 if docker else port,
-                   health_path=server.health_path, log_path=log_path, image=server.image,
-                   container_port=server.port or None, publish_host=server.publish_host,
-                   docker_host=server.docker_host, gpu=server.gpu, mounts=server.mounts, shm_size=server.shm_size,
-                   ipc_mode=server.ipc_mode, labels={**server.labels, **labels})
 
 
 @dataclass(frozen=True)
@@ -76,17 +48,31 @@ class StartFailed(Exception):
 
 
 class RunningServer(ABC):
-    """One server start. `start` and `stop` are the only side effects; `stop` is idempotent."""
+    """One start of a planned server. The backend reads the plan as it is and decides the port; `start` and
+    `stop` are the only side effects; `stop` is idempotent."""
 
-    def __init__(self, spec: ServerSpec) -> None:
-        self.spec = spec
+    def __init__(self, plan: ServerPlan, attempt: Attempt) -> None:
+        self.plan, self.attempt = plan, attempt
+        self.port: int | None = None  # the port the runner reaches, once the backend decided it
         self._secrets: tuple[str, ...] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.attempt.name
+
+    @property
+    def log_path(self) -> Path:
+        return self.attempt.log_path
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {**self.plan.labels, **self.attempt.labels}
 
     @property
     def secrets(self) -> tuple[str, ...]:
         """The values this runner resolved into the server's environment (masked in all it quotes)."""
         if self._secrets is None:
-            self._secrets = resolved_values(self.spec.env, os.environ)
+            self._secrets = resolved_values(self.plan.env, os.environ)
         return self._secrets
 
     def quote(self, text: str | bytes, limit: int = quote.LIMIT) -> str:
@@ -100,7 +86,7 @@ class RunningServer(ABC):
 
     @property
     def base_url(self) -> str:
-        return self.spec.base_url
+        return f"http://127.0.0.1:{self.port or 0}"
 
     @abstractmethod
     def start(self) -> None: ...
@@ -129,13 +115,13 @@ class RunningServer(ABC):
     # The log is a file in the session directory for every backend, so OOM lines are found the same way.
     def log_size(self) -> int:
         try:
-            return self.spec.log_path.stat().st_size
+            return self.log_path.stat().st_size
         except FileNotFoundError:
             return 0
 
     def read_log(self, start: int = 0, end: int | None = None) -> str:
         try:
-            with self.spec.log_path.open("rb") as f:
+            with self.log_path.open("rb") as f:
                 f.seek(start)
                 data = f.read(-1 if end is None else max(0, end - start))
         except FileNotFoundError:
@@ -148,7 +134,7 @@ class RunningServer(ABC):
     def wait_ready(self, deadline_s: float, poll_s: float = 0.25) -> float:
         """Seconds until ready; raises StartFailed (after stopping the server) when it never is."""
         t0 = time.monotonic()
-        url = self.base_url + self.spec.health_path
+        url = self.base_url + self.plan.profile.health_path
         with httpx.Client() as client:
             while True:
                 gone = self.exited()

@@ -28,13 +28,15 @@ from docker.types import DeviceRequest
 from docker.types import Mount as DockerMount
 
 from runner.backends import owner
-from runner.backends.base import ExitInfo, RunningServer, ServerSpec
+from runner.backends.base import Attempt, ExitInfo, RunningServer
+from runner.matrix import Mount
+from runner.plan import ServerPlan
+from runner.registry import LOOPBACK, DockerOptions
 from runner.secrets import resolve_env
 
 MANAGED = "runner.managed"
 STOP_TIMEOUT_S = 10  # SIGTERM grace before the engine sends SIGKILL
 LOG_DRAIN_S = 5.0  # how long exited()/stop() wait for the log stream to reach the file
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 WILDCARD = ("", "0.0.0.0", "::")
 
 
@@ -76,15 +78,15 @@ def reachable_host(docker_host: str | None, publish_host: str) -> str:
 # --- container options ---------------------------------------------------------------------------------------
 
 
-def bind_mounts(spec: ServerSpec) -> list[DockerMount]:
+def bind_mounts(mounts: tuple[Mount, ...], docker_host: str | None) -> list[DockerMount]:
     """Bind mounts; `~` is expanded only for a local engine (a remote path belongs to the remote host)."""
-    local = is_local(spec.docker_host)
+    local = is_local(docker_host)
     out = []
-    for m in spec.mounts:
+    for m in mounts:
         source = str(Path(m.source).expanduser().resolve()) if local else m.source
         if not source.startswith("/"):
             raise ValueError(f"mount source {m.source!r} must be an absolute path on the remote host "
-                             f"{spec.docker_host} ('~' cannot be expanded there)")
+                             f"{docker_host} ('~' cannot be expanded there)")
         out.append(DockerMount(target=m.target, source=source, type="bind", read_only=m.read_only))
     return out
 
@@ -148,12 +150,17 @@ def read_cgroup_working_set(files: tuple[Path, Path]) -> int:
 
 
 class DockerServer(RunningServer):
-    def __init__(self, spec: ServerSpec) -> None:
-        super().__init__(spec)
+    options: DockerOptions
+
+    def __init__(self, plan: ServerPlan, attempt: Attempt) -> None:
+        super().__init__(plan, attempt)
+        assert isinstance(plan.options, DockerOptions), "the registry pairs this backend with DockerOptions"
+        self.options = plan.options
+        self.profile = plan.profile
         self.client: docker.DockerClient | None = None
         self.container: Container | None = None
         self.host_port: int | None = None
-        self._info: dict[str, Any] = {"docker_host": engine_url(spec.docker_host)}
+        self._info: dict[str, Any] = {"docker_host": engine_url(self.options.docker_host)}
         self._exit: ExitInfo | None = None
         self._log_thread: threading.Thread | None = None
         self._stopped = False
@@ -161,50 +168,53 @@ class DockerServer(RunningServer):
 
     @property
     def base_url(self) -> str:
-        host = reachable_host(self.spec.docker_host, self.spec.publish_host)
+        host = reachable_host(self.options.docker_host, self.options.publish_host)
         return f"http://{host}:{self.host_port or 0}"
 
     def start(self) -> None:
-        spec = self.spec
-        if not spec.image or not spec.container_port:
+        profile, options = self.profile, self.options
+        if not profile.image or not profile.port:
             raise ValueError("the docker backend needs the server profile's image and port")
-        reachable_host(spec.docker_host, spec.publish_host)  # fail before creating anything
-        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.client = connect(spec.docker_host)
+        reachable_host(options.docker_host, options.publish_host)  # fail before creating anything
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.client = connect(options.docker_host)
         image = self._image()
-        self._remove_stale(spec.name)
+        self._remove_stale(self.name)
+        # The server listens on the profile's port inside the container; the engine publishes it on a free
+        # host port, read back below.
+        argv, env = self.plan.with_port(profile.port)
         # create, then start: a start the engine refuses (no NVIDIA runtime for a GPU request, port taken)
         # leaves a created container, which stop() must still be able to remove.
         self.container = self.client.containers.create(
-            image.id, command=list(spec.argv), environment=resolve_env(spec.env, os.environ),
-            labels={**spec.labels, **owner.me().labels()},
-            name=spec.name, auto_remove=False, mounts=bind_mounts(spec),
+            image.id, command=list(argv), environment=resolve_env(env, os.environ),
+            labels={**self.labels, **owner.me().labels()},
+            name=self.name, auto_remove=False, mounts=bind_mounts(profile.mounts, options.docker_host),
             # An init as PID 1 forwards stop's SIGTERM (a shell or `sleep` as PID 1 ignores it) and reaps
             # the server's worker processes.
             init=True,
-            ports={f"{spec.container_port}/tcp": (spec.publish_host, None)},
-            device_requests=gpu_request(spec.gpu), shm_size=spec.shm_size, ipc_mode=spec.ipc_mode,
+            ports={f"{profile.port}/tcp": (options.publish_host, None)},
+            device_requests=gpu_request(self.plan.gpu), shm_size=profile.shm_size, ipc_mode=profile.ipc_mode,
         )
         self.container.start()
         self._info["container_id"] = self.container.id
-        self._info["container_name"] = spec.name
+        self._info["container_name"] = self.name
         self._start_log_stream()
-        self.host_port = self._read_port()
+        self.host_port = self.port = self._read_port()
         self._cgroup = self._find_cgroup()
 
     def _image(self) -> Any:
         """The local image (never pulled: the digest recorded must be the one that ran)."""
         assert self.client is not None
         try:
-            image = self.client.images.get(self.spec.image)
+            image = self.client.images.get(self.profile.image)
         except ImageNotFound:
-            raise ValueError(f"image {self.spec.image} is not on the engine {self._info['docker_host']}; "
+            raise ValueError(f"image {self.profile.image} is not on the engine {self._info['docker_host']}; "
                              f"build or load it there first (see docs/docker.md)") from None
         version = self.client.version()
-        self._info.update(image=self.spec.image, image_id=image.id,
+        self._info.update(image=self.profile.image, image_id=image.id,
                           repo_digests=list(image.attrs.get("RepoDigests") or []),
                           engine_version=version.get("Version"), engine_api=version.get("ApiVersion"),
-                          engine_os=f"{version.get('Os')}/{version.get('Arch')}", gpu=self.spec.gpu)
+                          engine_os=f"{version.get('Os')}/{version.get('Arch')}", gpu=self.plan.gpu)
         return image
 
     def _remove_stale(self, name: str) -> None:
@@ -230,7 +240,7 @@ class DockerServer(RunningServer):
         assert self.container is not None
         for _ in range(20):
             self.container.reload()
-            port = published_port(self.container, self.spec.container_port or 0)
+            port = published_port(self.container, self.profile.port)
             if port is not None or self.container.status not in ("created", "running"):
                 return port
             time.sleep(0.1)
@@ -239,7 +249,7 @@ class DockerServer(RunningServer):
     def _find_cgroup(self) -> tuple[Path, Path] | None:
         assert self.container is not None
         pid = (self.container.attrs.get("State") or {}).get("Pid") or 0
-        files = cgroup_files(pid, self.container.id) if pid and is_local(self.spec.docker_host) else None
+        files = cgroup_files(pid, self.container.id) if pid and is_local(self.options.docker_host) else None
         if files is not None and not files[0].is_file():
             files = None
         if files is not None:
@@ -252,13 +262,13 @@ class DockerServer(RunningServer):
 
     # -- logs -------------------------------------------------------------------------------------------
     def _start_log_stream(self) -> None:
-        self._log_thread = threading.Thread(target=self._stream_logs, name=f"logs-{self.spec.name}",
+        self._log_thread = threading.Thread(target=self._stream_logs, name=f"logs-{self.name}",
                                             daemon=True)
         self._log_thread.start()
 
     def _stream_logs(self) -> None:
         assert self.container is not None
-        with self.spec.log_path.open("ab") as log:
+        with self.log_path.open("ab") as log:
             try:
                 for chunk in self.container.logs(stream=True, follow=True, stdout=True, stderr=True):
                     log.write(chunk)
@@ -320,10 +330,10 @@ class DockerServer(RunningServer):
         try:
             self.container.reload()
         except NotFound:
-            return f"container {self.spec.name} is gone; not probing port {self.host_port}"
-        port = published_port(self.container, self.spec.container_port or 0)
+            return f"container {self.name} is gone; not probing port {self.host_port}"
+        port = published_port(self.container, self.profile.port)
         if port != self.host_port:
-            return (f"port {self.host_port} is no longer published by container {self.spec.name} "
+            return (f"port {self.host_port} is no longer published by container {self.name} "
                     f"(now {port}); not measuring whatever answers there")
         return None
 
@@ -347,6 +357,20 @@ class DockerServer(RunningServer):
 
 
 # --- cleanup of earlier runs -----------------------------------------------------------------------------
+
+
+def reap_hosts(options: list[DockerOptions]) -> list[str]:
+    """The backend's cleanup before a run (registry entry `reap`): on each engine the cards name, the
+    managed containers whose runner is provably dead are removed; each line says what and why."""
+    lines = []
+    for host in dict.fromkeys(o.docker_host for o in options):
+        where = host or "local engine"
+        try:
+            for name, removed, why in reap(host):
+                lines.append(f"{'removed' if removed else 'left'} container {name} ({where}): {why}")
+        except DockerException as exc:
+            lines.append(f"could not check {where} for leftover containers: {exc}")
+    return lines
 
 
 def reap(docker_host: str | None, keep_run: str | None = None) -> list[tuple[str, bool, str]]:

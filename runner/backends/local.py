@@ -27,8 +27,13 @@ import psutil
 
 from runner.backends import owner
 from runner.backends.base import ExitInfo, RunningServer, StartFailed
+from runner.errors import UserError
+from runner.matrix import Matrix
+from runner.plan import Plan
 from runner.records import Failure, FailureClass
 from runner.secrets import resolve_env
+
+HOST = "127.0.0.1"  # where a local server listens and the runner reaches it
 
 
 def state_dir() -> Path:
@@ -39,45 +44,15 @@ def state_dir() -> Path:
     return base / "runner" / "servers"
 
 
-# A tiny supervisor started in place of the server (the leader of the server's process group). It runs the
-# server as its child and watches a pipe whose only write end the runner holds: when the runner process dies
-# (SIGKILL included) the kernel closes that end, the read sees EOF, and the supervisor stops the whole group
-# (SIGTERM, SIGKILL after 5 s) — workers the server forked included, which a parent-death signal would miss.
-# It waits out stop()'s SIGTERM for its server and exits as the server did (same code, same signal).
-_SUPERVISOR = """
-import os, signal, sys, threading, time
-fd, argv = int(sys.argv[1]), sys.argv[2:]
-signal.signal(signal.SIGTERM, lambda *_: None)
-signal.signal(signal.SIGINT, lambda *_: None)
-pid = os.fork()
-if pid == 0:
-    os.close(fd)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    try:
-        os.execvp(argv[0], argv)
-    except OSError as exc:
-        print(f"runner: cannot start {argv[0]}: {exc.strerror}", file=sys.stderr, flush=True)
-        os._exit(127)
-
-def watch():
-    while os.read(fd, 64):
-        pass
-    os.killpg(0, signal.SIGTERM)
-    time.sleep(5)
-    os.killpg(0, signal.SIGKILL)
-
-threading.Thread(target=watch, daemon=True).start()
-_, status = os.waitpid(pid, 0)
-if os.WIFSIGNALED(status):
-    signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
-    os.kill(os.getpid(), os.WTERMSIG(status))
-os._exit(os.waitstatus_to_exitcode(status))
-"""
-
-
 def supervised_argv(argv: tuple[str, ...], fd: int) -> list[str]:
-    return [sys.executable, "-I", "-S", "-c", _SUPERVISOR, str(fd), *argv]
+    """The server's command under the supervisor (runner.backends.supervisor), which watches pipe `fd`."""
+    return [sys.executable, "-I", "-m", "runner.backends.supervisor", str(fd), *argv]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 def listeners(port: int) -> list[tuple[int | None, str]]:
@@ -135,29 +110,35 @@ def port_busy(host: str, port: int) -> str | None:
 
 class LocalServer(RunningServer):
     proc: subprocess.Popen[bytes] | None = None  # the supervisor (group leader); the server is its child
+    argv: tuple[str, ...] = ()  # the command of this start (the plan's, its port filled in)
     _record: Path | None = None
     _lifeline: int | None = None  # write end of the supervisor's pipe; closing it stops the server
 
     def start(self) -> None:
-        if self.spec.port:
-            busy = port_busy(self.spec.host, self.spec.port)
+        # The profile's fixed port must be free (never measure someone else's server); port 0: a free one
+        # picked now, put where the plan's argv/env say RUNTIME_PORT.
+        fixed = self.plan.profile.port
+        if fixed:
+            busy = port_busy(HOST, fixed)
             if busy:
                 raise StartFailed(Failure(FailureClass.LOAD_EXIT, f"{busy}; not starting (the runner would "
                                           f"measure that server instead of its own)"))
-        self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **resolve_env(self.spec.env, os.environ)}
-        if self.spec.gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = self.spec.gpu
+        self.port = fixed or free_port(HOST)
+        self.argv, server_env = self.plan.with_port(self.port)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **resolve_env(server_env, os.environ)}
+        if self.plan.gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.plan.gpu
         read_end, self._lifeline = os.pipe()  # both non-inheritable: no other child holds the write end
         try:
-            with self.spec.log_path.open("ab") as log:
+            with self.log_path.open("ab") as log:
                 # Own session/process group: stop() signals only what this runner started.
-                self.proc = subprocess.Popen(supervised_argv(self.spec.argv, read_end), stdout=log,
+                self.proc = subprocess.Popen(supervised_argv(self.argv, read_end), stdout=log,
                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                              start_new_session=True, pass_fds=(read_end,))
         finally:
             os.close(read_end)
-        self._record = _record_start(self.proc.pid, self.spec.name)
+        self._record = _record_start(self.proc.pid, self.name)
 
     def exited(self) -> ExitInfo | None:
         if self.proc is None:
@@ -174,21 +155,21 @@ class LocalServer(RunningServer):
             return set()
 
     def foreign_answer(self) -> str | None:
-        if self.proc is None or not self.spec.port:
+        if self.proc is None or not self.port:
             return None
         # Cheap first (this runs before every readiness probe, for as long as a model loads): whether anyone
         # listens at all (~2 ms CPU), then our own tree's sockets (~3 ms); the full system scan (~7 ms) only
         # when someone else might.
-        if not _anyone_listens(self.spec.port):
+        if not _anyone_listens(self.port):
             return None
         tree = self._tree()
-        if _tree_listens(tree, self.spec.port):
+        if _tree_listens(tree, self.port):
             return None
-        found = listeners(self.spec.port)
+        found = listeners(self.port)
         if not found or any(pid in tree for pid, _ in found):
             return None
         who = ", ".join(f"PID {pid} ({name})" if pid else "an unseen process" for pid, name in found)
-        return (f"port {self.spec.port} is in use by {who}, not by the server this runner started "
+        return (f"port {self.port} is in use by {who}, not by the server this runner started "
                 f"(PID {self.proc.pid}); not measuring it")
 
     def stop(self) -> None:
@@ -218,7 +199,7 @@ class LocalServer(RunningServer):
             return None
 
     def info(self) -> dict[str, Any]:
-        return {"pid": self.proc.pid if self.proc else None, "argv": list(self.spec.argv)}
+        return {"pid": self.proc.pid if self.proc else None, "argv": list(self.argv)}
 
 
 def _wait(proc: subprocess.Popen[bytes] | None, timeout: float) -> bool:
@@ -258,6 +239,29 @@ def _record_start(pid: int, name: str) -> Path | None:
     except OSError:
         return None
     return path
+
+
+def reap(options: object = ()) -> list[str]:
+    """The backend's cleanup before a run (registry entry `reap`): what dead runners left on this machine."""
+    return reap_orphans()
+
+
+def preflight(matrix: Matrix, plan: Plan) -> None:
+    """Local servers on a fixed port: the port is free now, and no two lanes start that server at once."""
+    lanes_of: dict[str, set[str]] = {}
+    for lane in plan.lanes:
+        for session in lane.sessions:
+            if session.server is not None and session.server.backend == "local" and session.server.profile.port:
+                lanes_of.setdefault(session.server.profile.name, set()).add(lane.name)
+    for server, lanes in sorted(lanes_of.items()):
+        port = matrix.servers[server].port
+        if len(lanes) > 1:
+            raise UserError(f"{matrix.path}: key 'servers.{server}.port' is fixed ({port}) but lanes "
+                            f"{', '.join(sorted(lanes))} start that server at the same time; use port = 0")
+        busy = port_busy(HOST, port)
+        if busy:
+            raise UserError(f"{matrix.path}: key 'servers.{server}.port': {busy}; the runner will not measure "
+                            f"someone else's server (stop it, or use port = 0)")
 
 
 def reap_orphans() -> list[str]:

@@ -84,13 +84,18 @@ class Meter(ABC):
         return ()
 
 
-def peak_of(series: Series, t0: float, t1: float, *, reason_if_empty: str) -> Peak:
-    """The maximum of the samples taken in [t0, t1], with how many there were and at what rate."""
-    values = [v for t, v in zip(series.t, series.value, strict=True) if t0 <= t <= t1]
-    span = max(t1 - t0, 1e-9)
-    if not values:
-        return Peak(series.source, series.metric, None, 0, None, False, reason_if_empty)
-    return Peak(series.source, series.metric, max(values), len(values), round(len(values) / span, 2), True)
+def run_at_rate(stop: threading.Event, hz: float, tick: Callable[[], None]) -> None:
+    """Call `tick` every 1/hz seconds until `stop` is set: the one fixed-rate loop of every sampler. A tick
+    that ran late (GIL, slow source) does not make the next ones burst to catch up."""
+    period = 1.0 / hz
+    next_t = time.monotonic()
+    while not stop.is_set():
+        tick()
+        next_t += period
+        delay = next_t - time.monotonic()
+        if delay < -period:
+            next_t = time.monotonic()
+        stop.wait(max(0.0, delay))
 
 
 def compact(t: array, v: array) -> tuple[tuple[float, ...], tuple[int, ...]]:
@@ -184,15 +189,7 @@ class PolledMeter(Meter):
                 self._in_outage = False
 
     def _loop(self) -> None:
-        period = 1.0 / self.hz
-        next_t = time.monotonic()
-        while not self._stop.is_set():
-            self.sample_once()
-            next_t += period
-            delay = next_t - time.monotonic()
-            if delay < -period:  # fell behind (GIL, slow source): do not burst to catch up
-                next_t = time.monotonic()
-            self._stop.wait(max(0.0, delay))
+        run_at_rate(self._stop, self.hz, self.sample_once)
 
     def stop(self) -> None:
         self._stop.set()

@@ -20,10 +20,13 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from runner.meters.base import PolledMeter, SourceUnavailable, fetch_text
+from runner.backends.base import RunningServer
+from runner.matrix import Card
+from runner.meters.base import Meter, PolledMeter, SourceUnavailable, fetch_text
 from runner.reading import BadReading, to_bytes
+from runner.registry import DcgmOptions
+from runner.units import MIB
 
-MIB = 1 << 20
 FB_FIELDS = {"DCGM_FI_DEV_FB_USED": "used", "DCGM_FI_DEV_FB_FREE": "free", "DCGM_FI_DEV_FB_RESERVED": "reserved"}
 COARSE_S = 1.0
 
@@ -194,3 +197,10 @@ class DcgmMeter(PolledMeter):
                     ("timestamps" if g is not None and g.timestamp is not None else "value changes"),
                     "value_changes": len(changes), "warning": warning})
         return out
+
+
+def build(card: Card, server: RunningServer | None, hz: float) -> Meter:
+    """The registry's factory: the card's dcgm-exporter, at most 10 Hz."""
+    options = card.meter_options["dcgm"]
+    assert isinstance(options, DcgmOptions), "the registry pairs dcgm with DcgmOptions"
+    return DcgmMeter(options.dcgm_url, card.gpu, hz)

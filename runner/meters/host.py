@@ -4,7 +4,8 @@ that an offload flag moved memory from VRAM to host DRAM."""
 from __future__ import annotations
 
 from runner.backends.base import RunningServer
-from runner.meters.base import PolledMeter, SourceUnavailable
+from runner.matrix import Card
+from runner.meters.base import Meter, PolledMeter, SourceUnavailable, UnavailableMeter
 
 
 class HostMemoryMeter(PolledMeter):
@@ -17,3 +18,10 @@ class HostMemoryMeter(PolledMeter):
         if value is None:
             raise SourceUnavailable("server process not running")
         return value
+
+
+def build(card: Card, server: RunningServer | None, hz: float) -> Meter:
+    """The registry's factory: the server's host RAM, at most 10 Hz."""
+    if server is None:
+        return UnavailableMeter("host", "host", "no server to measure")
+    return HostMemoryMeter(server, hz)

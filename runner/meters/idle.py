@@ -10,12 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
-from runner import quote
-from runner.meters.base import SourceUnavailable, scrape
+from runner.meters.base import SourceUnavailable
 from runner.meters.gpu import GpuInfo, GpuProcess, SampleSource
-from runner.reading import to_bytes
 
 
 @dataclass(frozen=True)
@@ -71,32 +67,22 @@ def measure_idle(source: SampleSource, name: str) -> IdleBaseline:
     return IdleBaseline(name, True, None, source.info(), s.used, s.reserved, s.total, procs, s.t)
 
 
-def idle_baseline(card: Any, timeout_s: float = 5.0) -> IdleBaseline:
-    """The baseline for a card, from the first of its meters that can see the whole device's processes:
-    NVML on this host, else the sidecar on the GPU's host. Unavailable (with the reason) otherwise."""
-    if "nvml" in card.meters:
-        from runner.meters.nvml import open_source
+def idle_baseline(card: Any) -> IdleBaseline:
+    """The baseline for a card, from the first of its meters (in the card's order) whose registry entry can
+    see the whole device's processes (`idle`: NVML on this host, the sidecar on the GPU's host), else the
+    first one's reason; unavailable with the reason when the card lists none."""
+    from runner.registry import METERS, load
 
-        try:
-            return measure_idle(open_source(card.gpu), "nvml")
-        except SourceUnavailable as exc:
-            nvml_reason = str(exc)
-        if "sidecar" not in card.meters or not card.sidecar_url:
-            return IdleBaseline("nvml", False, nvml_reason)
-    if "sidecar" in card.meters and card.sidecar_url:
-        url = card.sidecar_url.rstrip("/") + "/idle"
-        try:
-            with httpx.Client() as client:
-                response = scrape(client, url)
-            if response.status != 200:
-                raise SourceUnavailable(f"GET {url}: HTTP {response.status}")
-            found = IdleBaseline.from_json(response.json())
-            for name in ("used_bytes", "reserved_bytes", "total_bytes"):  # the figures are checked like readings
-                if getattr(found, name) is not None:
-                    to_bytes(getattr(found, name), f"sidecar /idle {name}")
-            return found
-        except SourceUnavailable as exc:
-            return IdleBaseline("sidecar", False, str(exc))
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # BadReading is a ValueError
-            return IdleBaseline("sidecar", False, f"GET {url}: {type(exc).__name__}: {quote.console(exc)[:200]}")
-    return IdleBaseline("none", False, "no meter that sees the device's processes (nvml or sidecar) on this card")
+    tried = []
+    for name in card.meters:
+        entry = METERS.get(name) if name in METERS else None
+        if entry is None or entry.idle is None or (entry.options is not None and name not in card.meter_options):
+            continue
+        baseline: IdleBaseline = load(entry.idle)(card)
+        if baseline.available:
+            return baseline
+        tried.append(baseline)
+    if tried:
+        return tried[0]
+    able = " or ".join(e.name for e in METERS.entries() if e.idle)
+    return IdleBaseline("none", False, f"no meter that sees the device's processes ({able}) on this card")

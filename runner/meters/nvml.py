@@ -14,8 +14,11 @@ import threading
 import time
 from typing import Any
 
-from runner.meters.base import PolledMeter, SourceUnavailable
+from runner.backends.base import RunningServer
+from runner.matrix import Card
+from runner.meters.base import Meter, PolledMeter, SourceUnavailable, UnavailableMeter
 from runner.meters.gpu import GpuInfo, GpuProcess, MemorySample
+from runner.meters.idle import IdleBaseline, measure_idle
 
 _init_lock = threading.Lock()
 _init_error: str | None = None
@@ -232,6 +235,17 @@ def open_source(gpu: str | None) -> NvmlSource:
     return NvmlSource(gpu)
 
 
-def nvml_hz(hz: float) -> float:
-    """The run's sample_hz suits slow sources; NVML runs at 500 Hz–2 kHz so a millisecond spike is caught."""
-    return min(max(hz, 500.0), 2000.0)
+def build(card: Card, server: RunningServer | None, hz: float) -> Meter:
+    """The registry's factory (hz clamped to 500 Hz–2 kHz there, so a millisecond spike is caught)."""
+    try:
+        return NvmlMeter(open_source(card.gpu), hz, server)
+    except SourceUnavailable as exc:
+        return UnavailableMeter("nvml", "device", str(exc))
+
+
+def idle(card: Card) -> IdleBaseline:
+    """The idle baseline on this host: memory in use and every process holding the GPU."""
+    try:
+        return measure_idle(open_source(card.gpu), "nvml")
+    except SourceUnavailable as exc:
+        return IdleBaseline("nvml", False, str(exc))

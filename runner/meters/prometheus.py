@@ -16,11 +16,14 @@ from typing import Any
 import httpx
 
 from runner import quote
+from runner.backends.base import RunningServer
+from runner.matrix import Card
 from runner.meters.base import Meter, Series, SourceUnavailable, scrape
 from runner.reading import number, to_bytes
 from runner.records import Peak
+from runner.registry import PrometheusOptions
+from runner.units import MIB
 
-MIB = 1 << 20
 METRIC = "DCGM_FI_DEV_FB_USED"
 
 
@@ -162,3 +165,10 @@ class PrometheusMeter(Meter):
                 "settle_s": self.settle_s, "queries": self._queries, "errors": self._errors,
                 "last_error": self._last_error, "series_labels": self._labels,
                 "window": "[t0, t1 + settle_s]"}
+
+
+def build(card: Card, server: RunningServer | None, hz: float) -> Meter:
+    """The registry's factory: queries the card's Prometheus once per window (no polling rate)."""
+    options = card.meter_options["prometheus"]
+    assert isinstance(options, PrometheusOptions), "the registry pairs prometheus with PrometheusOptions"
+    return PrometheusMeter(options.prometheus_url, card.gpu)

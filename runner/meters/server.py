@@ -18,13 +18,14 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from runner.backends.base import RunningServer
-from runner.meters.base import PolledMeter, SourceUnavailable, fetch_text
+from runner.matrix import Card
+from runner.meters.base import Meter, PolledMeter, SourceUnavailable, UnavailableMeter, fetch_text
 from runner.reading import to_bytes
 from runner.records import Peak
+from runner.units import MIB
 
 DEVICE_GAUGES = ("refserver_device_memory_bytes",)
 PEAK_GAUGES = ("vllm_omni:peak_memory_mb",)  # MiB per stage, last request's reserved peak
-MIB = 2**20
 
 
 def gauge_value(text: str, names: tuple[str, ...]) -> float | None:
@@ -93,3 +94,10 @@ class ServerMetricsMeter(PolledMeter):
     def stop(self) -> None:
         super().stop()
         self.client.close()
+
+
+def build(card: Card, server: RunningServer | None, hz: float) -> Meter:
+    """The registry's factory: the server's own /metrics, at most 20 Hz."""
+    if server is None:
+        return UnavailableMeter("server", "device", "no server to scrape")
+    return ServerMetricsMeter(server, hz)

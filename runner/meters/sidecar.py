@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from runner.meters.base import SourceUnavailable
+from runner.meters.base import SourceUnavailable, run_at_rate
 from runner.meters.gpu import MemorySample, ReplaySource, SampleSource
 from runner.meters.idle import measure_idle
 
@@ -103,21 +103,16 @@ class Sampler:
         self.started_at = time.time()
         self._thread.start()
 
+    def sample_once(self) -> None:
+        try:
+            self.tracker.add(self.source.sample())
+        except SourceUnavailable as exc:
+            self.tracker.error(str(exc))
+        except Exception as exc:  # keep sampling: the next read may work
+            self.tracker.error(f"{type(exc).__name__}: {exc}")
+
     def _loop(self) -> None:
-        period = 1.0 / self.hz
-        next_t = time.monotonic()
-        while not self._stop.is_set():
-            try:
-                self.tracker.add(self.source.sample())
-            except SourceUnavailable as exc:
-                self.tracker.error(str(exc))
-            except Exception as exc:  # keep sampling: the next read may work
-                self.tracker.error(f"{type(exc).__name__}: {exc}")
-            next_t += period
-            delay = next_t - time.monotonic()
-            if delay < -period:
-                next_t = time.monotonic()
-            self._stop.wait(max(0.0, delay))
+        run_at_rate(self._stop, self.hz, self.sample_once)
 
     def stop(self) -> None:
         self._stop.set()

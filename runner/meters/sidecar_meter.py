@@ -17,9 +17,13 @@ from typing import Any
 import httpx
 
 from runner import quote
+from runner.backends.base import RunningServer
+from runner.matrix import Card
 from runner.meters.base import Meter, Series, SourceUnavailable, scrape
+from runner.meters.idle import IdleBaseline
 from runner.reading import BadReading, number, to_bytes
 from runner.records import Peak
+from runner.registry import SidecarOptions
 
 
 def _window(d: object) -> dict[str, Any]:
@@ -170,3 +174,33 @@ class SidecarMeter(Meter):
                 "clock_offset_err_s": None if self._offset_err is None else round(self._offset_err, 4),
                 "reserved_bytes": {"min": min(reserved), "max": max(reserved)} if reserved else None,
                 "outages": outages}
+
+
+def _url(card: Card) -> str:
+    options = card.meter_options["sidecar"]
+    assert isinstance(options, SidecarOptions), "the registry pairs the sidecar with SidecarOptions"
+    return options.sidecar_url
+
+
+def build(card: Card, server: RunningServer | None, hz: float) -> Meter:
+    """The registry's factory: polls the card's sidecar at `hz` (clamped to 2–10 Hz there)."""
+    return SidecarMeter(_url(card), poll_hz=hz)
+
+
+def idle(card: Card) -> IdleBaseline:
+    """The idle baseline the sidecar takes on the GPU's own host (its figures checked like readings)."""
+    url = _url(card).rstrip("/") + "/idle"
+    try:
+        with httpx.Client() as client:
+            response = scrape(client, url)
+        if response.status != 200:
+            raise SourceUnavailable(f"GET {url}: HTTP {response.status}")
+        found = IdleBaseline.from_json(response.json())
+        for name in ("used_bytes", "reserved_bytes", "total_bytes"):
+            if getattr(found, name) is not None:
+                to_bytes(getattr(found, name), f"sidecar /idle {name}")
+        return found
+    except SourceUnavailable as exc:
+        return IdleBaseline("sidecar", False, str(exc))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # BadReading is a ValueError
+        return IdleBaseline("sidecar", False, f"GET {url}: {type(exc).__name__}: {quote.console(exc)[:200]}")

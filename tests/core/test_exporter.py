@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from runner.execute import free_port
+from runner.backends.local import free_port
 from runner.exporter import RunExporter
 from runner.records import Failure, FailureClass, Peak, Status, StepRecord
 

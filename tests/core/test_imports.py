@@ -15,6 +15,10 @@ RUNNER = Path(__file__).resolve().parents[2] / "runner"
 # module → what it must never import (prefix match on the dotted name)
 FORBIDDEN = {
     "runner.vocab": ("runner.", "httpx"),
+    "runner.registry": ("runner.matrix", "runner.plan", "runner.execute", "runner.app", "runner.cli",
+                        "runner.meters", "runner.backends", "runner.store", "httpx", "docker"),
+    "runner.reconcile": ("runner.meters", "runner.backends", "runner.execute", "runner.store", "httpx"),
+    "runner.backends.supervisor": ("runner.", "httpx", "psutil"),
     "runner.records": ("runner.execute", "runner.app", "runner.cli", "runner.plan", "runner.store",
                        "runner.meters", "runner.backends", "runner.matrix", "httpx"),
     "runner.events": ("runner.execute", "runner.app", "runner.cli", "runner.meters", "httpx"),
@@ -28,7 +32,7 @@ FORBIDDEN = {
     "runner.store": ("runner.meters", "runner.report", "runner.execute", "runner.app", "httpx"),
     "runner.progress": ("runner.execute", "runner.app"),
     "runner.exporter": ("runner.execute", "runner.app"),
-    "runner.report": ("runner.execute", "runner.app", "runner.cli"),
+    "runner.report": ("runner.execute", "runner.app", "runner.cli", "runner.meters", "runner.backends"),
     "runner.rescore": ("runner.execute", "runner.app", "runner.cli"),
     "runner.execute": ("runner.app", "runner.cli", "runner.report", "runner.progress", "runner.exporter"),
     "runner.app": ("runner.cli",),
@@ -69,7 +73,8 @@ def test_nothing_but_the_cli_imports_the_cli_or_the_app() -> None:
 
 
 def test_store_and_pure_modules_load_without_meters_httpx_or_the_executor() -> None:
-    code = ("import sys, runner.store, runner.plan, runner.policy, runner.pending, runner.verdict, runner.events\n"
+    code = ("import sys, runner.store, runner.plan, runner.policy, runner.pending, runner.verdict, runner.events, "
+            "runner.reconcile, runner.registry, runner.matrix, runner.dialects\n"
             "bad = sorted(k for k in sys.modules if k in ('httpx', 'matplotlib', 'torch', 'docker') or "
             "k.startswith(('runner.meters', 'runner.backends', 'runner.execute')))\n"
             "print(','.join(bad))")

@@ -102,7 +102,7 @@ def test_plan_renders_each_sessions_full_server_command_and_masked_env(matrix_di
                 'args = ["--cond-cache", "host"]\nenv = {HF_TOKEN = "hf_secret123", CACHE_DIR = "/c/{card}"}')
     m = load_matrix(path)
     session = make_plan(m).sessions[1]
-    assert session.server is not None and session.server.backend == "local" and session.server.port == 0
+    assert session.server is not None and session.server.backend == "local" and session.server.profile.port == 0
     assert session.server.argv == (sys.executable, "-m", "runner.refserver", "--port", "{port}", "--vram-gib",
                                    "0.5", "--cond-cache", "host")
     assert session.server.env == {"HF_TOKEN": "hf_secret123", "CACHE_DIR": "/c/small"}

@@ -5,10 +5,14 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
+from typing import NamedTuple
 
 import docker
 
-from runner.backends.base import ServerSpec
+from runner.backends.base import Attempt
+from runner.matrix import Mount, ServerProfile
+from runner.plan import ServerPlan
+from runner.registry import DockerOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "docker" / "refserver" / "build.sh"
@@ -38,12 +42,29 @@ def refserver_argv(*extra: str, vram_gib: str = "1") -> tuple[str, ...]:
             "--vram-gib", vram_gib, *extra)
 
 
+class Spec(NamedTuple):
+    """A planned docker server and one start of it: `DockerServer(*spec)`."""
+
+    plan: ServerPlan
+    attempt: Attempt
+
+    @property
+    def name(self) -> str:
+        return self.attempt.name
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {**self.plan.labels, **self.attempt.labels}
+
+
 def make_spec(tmp_path: Path, argv: tuple[str, ...], *, image: str = IMAGE, run_id: str | None = None,
-              docker_host: str | None = None, **kw: object) -> ServerSpec:
+              docker_host: str | None = None, env: dict[str, str] | None = None, gpu: str | None = None,
+              mounts: tuple[Mount, ...] = (), publish_host: str = "127.0.0.1") -> Spec:
     run_id = run_id or new_run_id()
-    return ServerSpec(name=f"runner-{run_id}-c-t-0", argv=argv, env=kw.pop("env", {}), host="127.0.0.1",  # type: ignore[arg-type]
-                      port=0, health_path="/health", log_path=tmp_path / "server.log", image=image,
-                      container_port=8000, docker_host=docker_host, labels=labels(run_id), **kw)  # type: ignore[arg-type]
+    profile = ServerProfile(name="t", command=argv, image=image, port=8000, mounts=mounts)
+    plan = ServerPlan(backend="docker", profile=profile, argv=argv, env=env or {}, labels=labels(run_id), gpu=gpu,
+                      options=DockerOptions(docker_host=docker_host, publish_host=publish_host))
+    return Spec(plan, Attempt(name=f"runner-{run_id}-c-t-0", log_path=tmp_path / "server.log"))
 
 
 def dead_owner_labels() -> dict[str, str]:

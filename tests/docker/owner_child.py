@@ -10,17 +10,20 @@ import json
 import sys
 from pathlib import Path
 
-from runner.backends.base import ServerSpec
+from runner.backends.base import Attempt
 from runner.backends.docker import DockerServer, reap
+from runner.matrix import ServerProfile
+from runner.plan import ServerPlan
+from runner.registry import DockerOptions
 
 image, run_id, log_dir = sys.argv[1], sys.argv[2], Path(sys.argv[3])
-spec = ServerSpec(name=f"runner-{run_id}-c-t-0", argv=("sleep", "300"), env={}, host="127.0.0.1", port=0,
-                  health_path="/health", log_path=log_dir / f"{run_id}.log", image=image, container_port=8000,
-                  labels={"runner.managed": "true", "runner.run": run_id, "runner.card": "c",
-                          "runner.flags": "t", "runner.attempt": "0"})
-server = DockerServer(spec)
+plan = ServerPlan(backend="docker", profile=ServerProfile(name="t", image=image, port=8000), argv=("sleep", "300"),
+                  env={}, labels={"runner.managed": "true", "runner.run": run_id, "runner.card": "c",
+                                  "runner.flags": "t", "runner.attempt": "0"}, options=DockerOptions())
+attempt = Attempt(name=f"runner-{run_id}-c-t-0", log_path=log_dir / f"{run_id}.log")
+server = DockerServer(plan, attempt)
 server.start()
-print(json.dumps({"started": spec.name}), flush=True)
+print(json.dumps({"started": attempt.name}), flush=True)
 for line in sys.stdin:
     if line.strip() == "reap":
         print(json.dumps({"notes": reap(None)}), flush=True)

@@ -54,7 +54,7 @@ def gone(client: docker.DockerClient, name: str) -> bool:
 @pytest.mark.docker
 def test_session_start_request_stop(docker_client, refserver_image, tmp_path):
     spec = make_spec(tmp_path, refserver_argv())
-    server = create("docker", spec)
+    server = create(*spec)
     assert isinstance(server, DockerServer)
     try:
         server.start()
@@ -98,7 +98,7 @@ def test_session_start_request_stop(docker_client, refserver_image, tmp_path):
 def test_oom_at_load_is_classified_from_exit_and_log(docker_client, refserver_image, tmp_path):
     # 1 MiB of "VRAM" cannot hold the tiny preset's ~6 MiB of weights: the server exits unbound.
     spec = make_spec(tmp_path, refserver_argv(vram_gib="0.001"))
-    server = DockerServer(spec)
+    server = DockerServer(*spec)
     server.start()
     with pytest.raises(StartFailed) as caught:
         server.wait_ready(90)
@@ -112,7 +112,7 @@ def test_oom_at_load_is_classified_from_exit_and_log(docker_client, refserver_im
 
 @pytest.mark.docker
 def test_exit_at_load_without_oom_is_load_exit(docker_client, refserver_image, tmp_path):
-    server = DockerServer(make_spec(tmp_path, refserver_argv("--fault", "load-fail")))
+    server = DockerServer(*make_spec(tmp_path, refserver_argv("--fault", "load-fail")))
     server.start()
     with pytest.raises(StartFailed) as caught:
         server.wait_ready(60)
@@ -129,7 +129,7 @@ def test_read_only_mount_env_and_tilde(docker_client, base_image, tmp_path, monk
     script = "cat /w/hello.txt; echo \"greeting=$GREETING\"; touch /w/new 2>&1 || true; echo done"
     spec = make_spec(tmp_path / "session", ("sh", "-c", script), image=base_image, env={"GREETING": "hi"},
                      mounts=(Mount("~/weights", "/w"),))
-    server = DockerServer(spec)
+    server = DockerServer(*spec)
     try:
         server.start()
         assert wait_for(lambda: server.exited() is not None)
@@ -145,7 +145,7 @@ def test_read_only_mount_env_and_tilde(docker_client, base_image, tmp_path, monk
 @pytest.mark.docker
 def test_missing_image_fails_before_creating_anything(docker_client, tmp_path):
     spec = make_spec(tmp_path, ("true",), image="runner-no-such-image:none")
-    server = DockerServer(spec)
+    server = DockerServer(*spec)
     with pytest.raises(ValueError, match="runner-no-such-image:none is not on the engine"):
         server.start()
     server.stop()
@@ -158,7 +158,7 @@ def test_stale_container_of_same_name_is_replaced_foreign_one_is_not(docker_clie
     spec = make_spec(tmp_path, ("sleep", "30"), image=base_image, run_id=run_id)
     stale = docker_client.containers.run(base_image, "sleep 30", name=spec.name, labels=labels(run_id),
                                          detach=True)
-    server = DockerServer(spec)
+    server = DockerServer(*spec)
     try:
         server.start()
         assert server.container is not None and server.container.id != stale.id
@@ -167,7 +167,7 @@ def test_stale_container_of_same_name_is_replaced_foreign_one_is_not(docker_clie
     foreign = docker_client.containers.run(base_image, "sleep 30", name=spec.name, detach=True)
     try:
         with pytest.raises(ValueError, match="not managed by runner"):
-            DockerServer(spec).start()
+            DockerServer(*spec).start()
         foreign.reload()
         assert foreign.status == "running"
     finally:
@@ -201,7 +201,7 @@ def test_reap_removes_only_managed_containers(docker_client, base_image):
 @pytest.mark.docker
 def test_stats_api_fallback_reads_memory(docker_client, base_image, tmp_path):
     """Remote engines have no cgroup files here: the one-shot stats endpoint must give a figure."""
-    server = DockerServer(make_spec(tmp_path, ("sleep", "30"), image=base_image))
+    server = DockerServer(*make_spec(tmp_path, ("sleep", "30"), image=base_image))
     try:
         server.start()
         server._cgroup = None
@@ -228,15 +228,15 @@ def test_reachable_host_follows_the_engine():
 def test_bind_mounts_expand_tilde_only_for_local_engines(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     spec = make_spec(tmp_path, ("true",), mounts=(Mount("~/w", "/w"), Mount("/data/x", "/x", read_only=False)))
-    local = bind_mounts(spec)
+    local = bind_mounts(spec.plan.profile.mounts, spec.plan.options.docker_host)
     assert local[0]["Source"] == str(tmp_path / "w") and local[0]["ReadOnly"] is True
     assert local[1]["Source"] == "/data/x" and local[1]["ReadOnly"] is False
     remote = make_spec(tmp_path, ("true",), docker_host="ssh://me@gpu-box.example",
                        mounts=(Mount("/home/me/w", "/w"),))
-    assert bind_mounts(remote)[0]["Source"] == "/home/me/w"
+    assert bind_mounts(remote.plan.profile.mounts, remote.plan.options.docker_host)[0]["Source"] == "/home/me/w"
     tilde = make_spec(tmp_path, ("true",), docker_host="ssh://me@gpu-box.example", mounts=(Mount("~/w", "/w"),))
     with pytest.raises(ValueError, match="absolute path on the remote host"):
-        bind_mounts(tilde)
+        bind_mounts(tilde.plan.profile.mounts, tilde.plan.options.docker_host)
 
 
 def test_gpu_request_by_index_or_uuid():
@@ -260,7 +260,7 @@ def test_gpu_request_refused_by_the_engine_leaves_nothing(docker_client, base_im
     if "nvidia" in (docker_client.info().get("Runtimes") or {}):
         pytest.skip("this engine has the NVIDIA runtime")
     spec = make_spec(tmp_path, ("true",), image=base_image, gpu="0")
-    server = DockerServer(spec)
+    server = DockerServer(*spec)
     with pytest.raises(docker.errors.APIError, match=r"(?i)device driver|gpu"):
         server.start()
     assert server.container is not None  # created, never started

@@ -117,7 +117,7 @@ Host 127.0.0.1
 @pytest.mark.docker
 def test_refserver_over_ssh(docker_client, refserver_image, sshd, tmp_path):
     spec = make_spec(tmp_path, refserver_argv(), docker_host=sshd.docker_host)
-    server = DockerServer(spec)
+    server = DockerServer(*spec)
     try:
         server.start()
         assert server.base_url.startswith("http://127.0.0.1:")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -20,9 +20,7 @@ from runner.meters.nvml import NvmlMeter, open_source
 class FakeCard:
     gpu: str | None = "0"
     meters: tuple[str, ...] = ("nvml",)
-    sidecar_url: str | None = None
-    dcgm_url: str | None = None
-    prometheus_url: str | None = None
+    meter_options: dict = field(default_factory=dict)  # no meter URLs
 
 
 def nvml_works() -> bool:

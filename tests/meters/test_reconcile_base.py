@@ -5,7 +5,7 @@ from __future__ import annotations
 from array import array
 
 from runner.meters.base import compact
-from runner.meters.reconcile import reconcile, render
+from runner.reconcile import reconcile, render
 from runner.records import Peak
 
 MIB = 1 << 20

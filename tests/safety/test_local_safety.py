@@ -17,8 +17,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from runner.backends.base import ServerSpec, StartFailed
+from runner.backends.base import Attempt, StartFailed
 from runner.backends.local import LocalServer
+from runner.matrix import ServerProfile
+from runner.plan import ServerPlan
 
 DECOY = Path(__file__).with_name("decoy.py")
 
@@ -77,13 +79,13 @@ def _state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RUNNER_STATE_DIR", str(tmp_path / "state"))
 
 
-def spec(tmp: Path, port: int, argv: tuple[str, ...]) -> ServerSpec:
-    return ServerSpec(name="t", argv=argv, env={}, host="127.0.0.1", port=port, health_path="/health",
-                      log_path=tmp / "server.log")
+def spec(tmp: Path, port: int, argv: tuple[str, ...]) -> tuple[ServerPlan, Attempt]:
+    plan = ServerPlan(backend="local", profile=ServerProfile(name="t", command=argv, port=port), argv=argv, env={})
+    return plan, Attempt(name="t", log_path=tmp / "server.log")
 
 
 def test_busy_fixed_port_refused_before_start(tmp_path: Path, decoy: Decoy) -> None:
-    server = LocalServer(spec(tmp_path, decoy.port, (sys.executable, "-c", "import time; time.sleep(30)")))
+    server = LocalServer(*spec(tmp_path, decoy.port, (sys.executable, "-c", "import time; time.sleep(30)")))
     with pytest.raises(StartFailed) as info:
         server.start()
     message = info.value.failure.message
@@ -96,7 +98,7 @@ def test_port_taken_after_start_is_never_probed(tmp_path: Path) -> None:
     """The port was free at start, but another process took it before our server listened: readiness must
     not probe (let alone measure) that server; the start fails naming its PID, and ours is stopped."""
     port = free_port()
-    server = LocalServer(spec(tmp_path, port, (sys.executable, "-c", "import time; time.sleep(30)")))
+    server = LocalServer(*spec(tmp_path, port, (sys.executable, "-c", "import time; time.sleep(30)")))
     server.start()
     ours = server.proc.pid  # type: ignore[union-attr]
     d = Decoy(tmp_path, port)
@@ -118,7 +120,7 @@ def test_own_server_on_fixed_port_is_accepted_and_restarts_there(tmp_path: Path)
     port = free_port()
     for attempt in range(2):
         log = tmp_path / f"own-{attempt}.log"
-        server = LocalServer(spec(tmp_path, port, (sys.executable, str(DECOY), str(port), str(log))))
+        server = LocalServer(*spec(tmp_path, port, (sys.executable, str(DECOY), str(port), str(log))))
         server.start()
         try:
             assert server.wait_ready(20, poll_s=0.05) < 20
@@ -238,7 +240,7 @@ def test_next_run_stops_what_a_dead_runner_left(tmp_path: Path) -> None:
 
 def test_cleanup_never_touches_a_live_runners_server(tmp_path: Path) -> None:
     port = free_port()
-    server = LocalServer(spec(tmp_path, port, (sys.executable, str(DECOY), str(port), str(tmp_path / "l.log"))))
+    server = LocalServer(*spec(tmp_path, port, (sys.executable, str(DECOY), str(port), str(tmp_path / "l.log"))))
     server.start()
     try:
         env = {**os.environ, "RUNNER_STATE_DIR": str(tmp_path / "state")}

@@ -17,10 +17,10 @@ import pytest
 from PIL import Image
 
 from runner import runinfo, scoring, verdict
-from runner.backends.base import ServerSpec
+from runner.backends.base import Attempt
 from runner.backends.local import LocalServer
-from runner.matrix import VerdictRules, load_matrix
-from runner.plan import make_plan
+from runner.matrix import ServerProfile, VerdictRules, load_matrix
+from runner.plan import ServerPlan, make_plan
 from runner.records import Status, StepRecord
 from runner.store import RunStore, StoreError, atomic_write, inside
 
@@ -62,11 +62,10 @@ def test_env_reference_is_resolved_only_in_the_server(tmp_path: Path, monkeypatc
     monkeypatch.setenv("RUNNER_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setenv("RUNNER_TEST_TOKEN", SECRET)
     out = tmp_path / "seen"
-    spec = ServerSpec(name="t", argv=(sys.executable, "-c", f"import os; open({str(out)!r}, 'w')"
-                                      f".write(os.environ['HF_TOKEN'])"),
-                      env={"HF_TOKEN": "${RUNNER_TEST_TOKEN}"}, host="127.0.0.1", port=0,
-                      health_path="/health", log_path=tmp_path / "server.log")
-    server = LocalServer(spec)
+    argv = (sys.executable, "-c", f"import os; open({str(out)!r}, 'w').write(os.environ['HF_TOKEN'])")
+    spec = ServerPlan(backend="local", profile=ServerProfile(name="t", command=argv), argv=argv,
+                      env={"HF_TOKEN": "${RUNNER_TEST_TOKEN}"})
+    server = LocalServer(spec, Attempt(name="t", log_path=tmp_path / "server.log"))
     server.start()
     server.proc.wait(30)  # type: ignore[union-attr]
     assert out.read_text() == SECRET

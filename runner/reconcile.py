@@ -12,10 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from runner.records import Peak
+from runner.registry import METERS
 
-# Preference among equally fast sources: closest to the GPU first.
-RANK = ("nvml", "sidecar", "dcgm", "prometheus", "server")
-WHOLE_DEVICE = frozenset({"nvml", "sidecar", "dcgm", "prometheus"})
 MISS_TOLERANCE = 0.02  # a whole-device source this far below the best probably missed the peak
 
 
@@ -33,8 +31,13 @@ class ReconRow:
     note: str | None
 
 
+def _whole_device(source: str) -> bool:
+    return source in METERS and METERS.get(source).whole_device
+
+
 def _rank(p: Peak) -> tuple[float, int]:
-    order = RANK.index(p.source) if p.source in RANK else len(RANK)
+    """Faster first; among equally fast sources the registry's rank (closest to the GPU first)."""
+    order = METERS.get(p.source).rank if p.source in METERS else len(METERS.names())
     return (-(p.rate_hz or 0.0), order)
 
 
@@ -42,12 +45,12 @@ def reconcile(peaks: Sequence[Peak], metric: str = "device", prefer: str | None 
     """One row per source of `metric`, best first, then the other available ones, then the unavailable.
 
     best = `prefer` when it is available, else the available whole-device source with the highest sample
-    rate (ties: NVML, sidecar, DCGM, Prometheus), else any available source."""
+    rate (ties: the registry's rank), else any available source."""
     mine = [p for p in peaks if p.metric == metric]
     avail = [p for p in mine if p.available and p.bytes is not None]
     best = next((p for p in avail if p.source == prefer), None)
     if best is None:
-        whole = sorted((p for p in avail if p.source in WHOLE_DEVICE), key=_rank)
+        whole = sorted((p for p in avail if _whole_device(p.source)), key=_rank)
         best = whole[0] if whole else (sorted(avail, key=_rank)[0] if avail else None)
     rows = []
     for p in sorted(mine, key=lambda p: (p is not best, not (p.available and p.bytes is not None), _rank(p))):
@@ -56,7 +59,7 @@ def reconcile(peaks: Sequence[Peak], metric: str = "device", prefer: str | None 
             delta = p.bytes - (best.bytes or 0)
             pct = round(100.0 * delta / best.bytes, 2) if best.bytes else None
             if p is not best:
-                if p.source not in WHOLE_DEVICE:
+                if not _whole_device(p.source):
                     note = "process-level figure: excludes the CUDA context and other processes"
                 elif best.bytes and delta < -MISS_TOLERANCE * best.bytes:
                     note = f"below the best by {-delta / 2**20:.0f} MiB: likely missed the peak (samples too sparse)"

@@ -1,0 +1,246 @@
+"""One place per kind: every meter, backend and request dialect is one entry here, declaring its factory,
+the card keys it reads (a frozen pydantic model) and its traits. Whatever used to branch on a kind's name
+(matrix validation, plan lines, lanes, the idle gate, reconciliation, the report's glossary, cleanup,
+preflight) reads the entry instead, so adding a meter or a backend is one new module plus one entry.
+
+Pure: factories are named "module:attribute" and imported only when a server or meter is built, so loading
+the matrix, planning and reporting never pull in httpx, docker or NVML.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, Protocol, TypeVar
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+
+from runner.vocab import MemoryMetric
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def load(target: str) -> Any:
+    """The object a "module:attribute" names (imported now, not when the entry was declared)."""
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+class Options(BaseModel):
+    """The card keys one kind reads (e.g. a backend's `docker_host`); unknown keys are errors."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+E = TypeVar("E", bound=_Named)
+
+
+class Registry(Generic[E]):
+    """Entries of one kind by name, in declaration order."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._entries: dict[str, E] = {}
+
+    def register(self, entry: E) -> E:
+        if entry.name in self._entries:
+            raise ValueError(f"{self.kind} {entry.name!r} is registered twice")
+        self._entries[entry.name] = entry
+        return entry
+
+    def remove(self, name: str) -> None:
+        self._entries.pop(name, None)
+
+    @contextmanager
+    def added(self, entry: E) -> Iterator[E]:
+        """An entry registered for the duration of a block (tests, plugins loaded for one run)."""
+        self.register(entry)
+        try:
+            yield entry
+        finally:
+            self.remove(entry.name)
+
+    def get(self, name: str) -> E:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise KeyError(f"unknown {self.kind} {name!r} (known: {', '.join(self._entries)})") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._entries)
+
+    def entries(self) -> tuple[E, ...]:
+        return tuple(self._entries.values())
+
+
+# --- meters --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MeterEntry:
+    """A memory source. `factory(card, server, hz) -> Meter` gets the run's sample_hz already clamped to
+    [min_hz, max_hz]; a source that cannot run there returns an UnavailableMeter with the reason."""
+
+    name: str
+    factory: str | None  # "module:function"; None: a source that is recorded, never listed (server-response)
+    scope: Literal["device", "process"]  # whole device (every process on the GPU) or the server's own figure
+    rank: int  # preference among equally fast sources: lower is closer to the GPU
+    glossary: str  # what it reads (report glossary, plot notes)
+    metric: MemoryMetric = MemoryMetric.DEVICE
+    min_hz: float | None = None
+    max_hz: float | None = None
+    reads_gpu: bool = False  # reads the GPU itself: a card listing it is gated by the idle baseline
+    idle: str | None = None  # "module:function"(card) -> IdleBaseline: who holds the device before a start
+    options: type[Options] | None = None  # the card keys it needs when the card lists it
+    listed: bool = True  # a card may name it in `meters`
+
+    def clamp(self, hz: float) -> float:
+        return min(max(hz, self.min_hz or hz), self.max_hz or hz)
+
+    @property
+    def whole_device(self) -> bool:
+        return self.scope == "device"
+
+
+class DcgmOptions(Options):
+    dcgm_url: str  # dcgm-exporter's /metrics
+
+
+class PrometheusOptions(Options):
+    prometheus_url: str  # the Prometheus server that scrapes dcgm-exporter
+
+
+class SidecarOptions(Options):
+    sidecar_url: str  # `runner meter` on the GPU's host
+
+
+METERS: Registry[MeterEntry] = Registry("meter")
+for _entry in (
+    MeterEntry("nvml", "runner.meters.nvml:build", "device", 0, reads_gpu=True, min_hz=500, max_hz=2000,
+               idle="runner.meters.nvml:idle",
+               glossary="whole-device VRAM in use (NVML `used`) on the runner's host, 500 Hz–2 kHz"),
+    MeterEntry("sidecar", "runner.meters.sidecar_meter:build", "device", 1, reads_gpu=True, min_hz=2, max_hz=10,
+               idle="runner.meters.sidecar_meter:idle", options=SidecarOptions,
+               glossary="the same NVML figure sampled on the GPU's own host by `runner meter`, polled for "
+                        "window maxima"),
+    MeterEntry("dcgm", "runner.meters.dcgm:build", "device", 2, max_hz=10, options=DcgmOptions,
+               glossary="dcgm-exporter's `DCGM_FI_DEV_FB_USED`, as fine as the exporter's collection interval"),
+    MeterEntry("prometheus", "runner.meters.prometheus:build", "device", 3, options=PrometheusOptions,
+               glossary="`max_over_time` of the DCGM figure in Prometheus: sub-second peaks are lost"),
+    MeterEntry("server", "runner.meters.server:build", "process", 4, max_hz=20,
+               glossary="the server's own `/metrics` memory gauge, ≤ 20 Hz; the server opens its port only "
+                        "after load, so it has no reading while loading"),
+    MeterEntry("server-response", None, "process", 5, listed=False,
+               glossary="the `peak_memory_mb` the server reports in each response: the allocator's peak over "
+                        "the request, short spikes included (one figure per request, no time series)"),
+    MeterEntry("host", "runner.meters.host:build", "process", 6, metric=MemoryMetric.HOST, max_hz=10,
+               glossary="host RAM (RSS) of the server's process tree or container, ≤ 10 Hz: where offloaded "
+                        "memory goes"),
+):
+    METERS.register(_entry)
+
+
+def listed_meters() -> tuple[str, ...]:
+    """The names a card may put in `meters`."""
+    return tuple(e.name for e in METERS.entries() if e.listed)
+
+
+# --- backends ------------------------------------------------------------------------------------------------
+
+
+class BackendOptions(Options):
+    """A backend's card keys, with what the pure layers ask of them."""
+
+    def host(self) -> str:
+        """The machine the server runs on: cards naming the same GPU there share a lane."""
+        return "local"
+
+    def where(self) -> str:
+        """How `runner plan` names the place a card's servers start."""
+        return "local"
+
+
+class LocalOptions(BackendOptions):
+    pass
+
+
+class DockerOptions(BackendOptions):
+    docker_host: str | None = None  # unix://, tcp://, ssh://user@host; default DOCKER_HOST or the local socket
+    publish_host: str = "127.0.0.1"  # the address the container's port is published on
+
+    @field_validator("docker_host")
+    @classmethod
+    def _scheme(cls, v: str | None) -> str | None:
+        if v and not v.startswith(("unix://", "tcp://", "ssh://", "npipe://")):
+            raise ValueError("must start with unix://, tcp:// or ssh://")
+        return v
+
+    @model_validator(mode="after")
+    def _reachable(self) -> DockerOptions:
+        remote = bool(self.docker_host) and urlsplit(self.docker_host or "").scheme in ("ssh", "tcp")
+        if remote and self.publish_host in LOOPBACK:
+            raise OptionError("publish_host", f"is {self.publish_host!r} but docker_host {self.docker_host!r} is "
+                              "another machine: the runner could not reach the server; use the host's address "
+                              "(or '0.0.0.0')")
+        return self
+
+    def host(self) -> str:
+        return self.docker_host or "local"
+
+    def where(self) -> str:
+        return f"docker {self.docker_host or 'local engine'}"
+
+
+class OptionError(ValueError):
+    """A problem of one option key that the matrix reports as `key '<card>.<key>' <problem>`."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(problem)
+        self.key, self.problem = key, problem
+
+
+@dataclass(frozen=True)
+class BackendEntry:
+    """Where a server runs. `factory(plan, attempt) -> RunningServer` decides the port and starts the
+    process/container; the running server checks before every probe that what answers is its own."""
+
+    name: str
+    factory: str  # "module:Class" of a runner.backends.base.RunningServer
+    options: type[BackendOptions]  # the card keys it reads
+    bind_host: str  # what {host} in the server's command becomes: where the server listens
+    reaches: str  # how the runner reaches the server (docs, plan)
+    needs_image: bool = False  # the server profile must name an image
+    reap: str | None = None  # "module:function"(options: list[BackendOptions]) -> list[str]: leftovers stopped
+    preflight: str | None = None  # "module:function"(matrix, plan) -> None, raising UserError
+    start_line: Callable[[Any], str] | None = None  # the plan's "starts (...)" text for a ServerPlan
+
+
+def _local_line(server: Any) -> str:
+    port = server.profile.port
+    return f"local process, port {port or 'a free port picked at each start'}"
+
+
+def _docker_line(server: Any) -> str:
+    return (f"image {server.profile.image} on {server.options.docker_host or 'local engine'}, "
+            f"container port {server.profile.port} published on a free host port")
+
+
+BACKENDS: Registry[BackendEntry] = Registry("backend")
+BACKENDS.register(BackendEntry("local", "runner.backends.local:LocalServer", LocalOptions, "127.0.0.1",
+                               "a subprocess of this runner, on 127.0.0.1", reap="runner.backends.local:reap",
+                               preflight="runner.backends.local:preflight", start_line=_local_line))
+BACKENDS.register(BackendEntry("docker", "runner.backends.docker:DockerServer", DockerOptions, "0.0.0.0",
+                               "a container on a local or remote Docker Engine, at its published port",
+                               needs_image=True, reap="runner.backends.docker:reap_hosts",
+                               start_line=_docker_line))
