@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runner.reading import BadReading, to_bytes
-from runner.registry import Registry
+from runner.registry import DIALECTS, load
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def _data_uri(mime: str, data: bytes) -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode()}"
 
 
-def _chat(req: ImageRequest) -> HttpCall:
+def chat(req: ImageRequest) -> HttpCall:
     """POST /v1/chat/completions: ordered image_url references, generation parameters in a literal
     `extra_body` key (the placement every vLLM-Omni generation reads)."""
     extra: dict[str, Any] = {"num_inference_steps": req.steps, "seed": req.seed}
@@ -100,19 +100,19 @@ def _images_fields(req: ImageRequest) -> dict[str, Any]:
     return fields | _cfg(req)
 
 
-def _generations(req: ImageRequest) -> HttpCall:
+def generations(req: ImageRequest) -> HttpCall:
     """POST /v1/images/generations (no references)."""
     return HttpCall("/v1/images/generations", _images_fields(req))
 
 
-def _edits(req: ImageRequest) -> HttpCall:
+def edits(req: ImageRequest) -> HttpCall:
     """POST /v1/images/edits, multipart: one `image[]` part per reference, in order."""
     ext = {"image/png": "png", "image/jpeg": "jpg", "image/webp": "webp"}
     files = tuple(("image[]", (f"ref-{i + 1}.{ext.get(m, 'bin')}", d, m)) for i, (m, d) in enumerate(req.references))
     return HttpCall("/v1/images/edits", _images_fields(req), files)
 
 
-def _chat_images(doc: dict[str, Any]) -> list[str] | str:
+def chat_images(doc: dict[str, Any]) -> list[str] | str:
     """The image URLs of a chat completion, or why there are none."""
     try:
         content = doc["choices"][0]["message"]["content"]
@@ -124,31 +124,15 @@ def _chat_images(doc: dict[str, Any]) -> list[str] | str:
             if isinstance(p, dict) and p.get("type") == "image_url"]
 
 
-def _images_data(doc: dict[str, Any]) -> list[str] | str:
+def images_data(doc: dict[str, Any]) -> list[str] | str:
     """images/generations and images/edits answer in the same shape: data[].b64_json."""
     return [d.get("b64_json", "") for d in doc.get("data", []) if isinstance(d, dict)]
 
 
-@dataclass(frozen=True)
-class DialectEntry:
-    """One request API: how a request is built and where a 200 response keeps its images."""
-
-    name: str
-    build: Callable[[ImageRequest], HttpCall]
-    images: Callable[[dict[str, Any]], list[str] | str]  # base64 payloads (or data URIs), or the problem
-    doc: str
-
-
-DIALECTS: Registry[DialectEntry] = Registry("dialect")
-DIALECTS.register(DialectEntry("vllm-omni-chat", _chat, _chat_images,
-                               "chat completions, ordered image_url references, literal extra_body"))
-DIALECTS.register(DialectEntry("openai-images", _generations, _images_data, "images/generations (no references)"))
-DIALECTS.register(DialectEntry("openai-images-edits", _edits, _images_data,
-                               "multipart images/edits, one image[] part per reference"))
-
-
 def build(dialect: str, req: ImageRequest) -> HttpCall:
-    return DIALECTS.get(dialect).build(req)
+    """The HTTP call of a request in a dialect (its registry entry names the builder)."""
+    builder: Callable[[ImageRequest], HttpCall] = load(DIALECTS.get(dialect).build)
+    return builder(req)
 
 
 def _b64(text: str) -> bytes | None:
@@ -199,7 +183,7 @@ def parse(dialect: str, body: bytes) -> Parsed:
     if not isinstance(doc, dict):
         return Parsed(None, None, "response JSON is not an object")
     peak = server_peak(doc)
-    urls = DIALECTS.get(dialect).images(doc)
+    urls = load(DIALECTS.get(dialect).images)(doc)
     if isinstance(urls, str):
         return Parsed(None, peak, urls)
     if not urls:

@@ -34,6 +34,7 @@ from runner.store import RunStore
 from runner.units import slug
 
 RESTART_AFTER = {FailureClass.CRASH, FailureClass.TIMEOUT}
+RESPONSE_SOURCE = "server-response"  # the registry's entry for a peak the server reports in its response
 MEMORY_FLUSH_S = 10.0  # a running start's memory samples reach memory.csv at least this often
 
 
@@ -491,8 +492,9 @@ def _with_response_peak(peaks: list[Peak], peak_mb: float | None) -> tuple[Peak,
     before the polled server meter (which can miss a transient between polls), or last if none is listed."""
     if peak_mb is None:
         return tuple(peaks)
-    reported = Peak("server-response", "device", int(peak_mb * 2**20), 1, None, True)
-    at = next((i for i, p in enumerate(peaks) if p.source == "server"), len(peaks))
+    reported = Peak(RESPONSE_SOURCE, "device", int(peak_mb * 2**20), 1, None, True)
+    refines = METERS.get(RESPONSE_SOURCE).refines
+    at = next((i for i, p in enumerate(peaks) if p.source == refines), len(peaks))
     return (*peaks[:at], reported, *peaks[at:])
 
 

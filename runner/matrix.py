@@ -18,9 +18,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from runner.dialects import DIALECTS
 from runner.errors import UserError
-from runner.registry import BACKENDS, METERS, BackendOptions, OptionError, Options, listed_meters
+from runner.registry import BACKENDS, DIALECTS, METERS, BackendOptions, OptionError, Options, listed_meters
 from runner.units import slug
 from runner.vocab import Role, names
 
@@ -275,11 +274,11 @@ ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # A template holds literal text, `{{` / `}}` (literal braces), `{name}` placeholders (names only: no format
 # spec, conversion, attribute or index — str.format would evaluate those) and, in env values, `${VAR}`: a
 # variable of the runner's own environment, resolved only when the server starts (never stored).
-_TOKEN = re.compile(r"\$\{([^{}]*)\}|\{\{|\}\}|\{([^{}]*)\}|[{}]")
+TEMPLATE_TOKEN = re.compile(r"\$\{([^{}]*)\}|\{\{|\}\}|\{([^{}]*)\}|[{}]")
 
 
 def _template_error(text: str, *, env_refs: bool) -> str | None:
-    for m in _TOKEN.finditer(text):
+    for m in TEMPLATE_TOKEN.finditer(text):
         token = m.group(0)
         if token in ("{{", "}}"):
             continue
@@ -304,22 +303,9 @@ def check_template(file: Path, where: str, text: str, *, env_refs: bool = False)
         raise UserError(f"{file}: key '{where}' {problem}")
 
 
-def render_template(text: str, values: Mapping[str, str]) -> str:
-    """Fill `{name}` placeholders of a template check_template accepted; `${VAR}` stays for the backend."""
-    def sub(m: re.Match[str]) -> str:
-        token = m.group(0)
-        if m.group(1) is not None:
-            return token
-        if token in ("{{", "}}"):
-            return token[0]
-        return values[m.group(2)] if m.group(2) is not None else token
-
-    return _TOKEN.sub(sub, text)
-
-
 def env_refs(text: str) -> list[str]:
     """The runner environment variables a template references (`${VAR}`)."""
-    return [m.group(1) for m in _TOKEN.finditer(text) if m.group(1) is not None]
+    return [m.group(1) for m in TEMPLATE_TOKEN.finditer(text) if m.group(1) is not None]
 
 
 def _env_map(file: Path, t: _Table, key: str) -> dict[str, str]:

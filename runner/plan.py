@@ -14,13 +14,14 @@ the request shape its steps send (everything but the port and the image bytes). 
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from runner.matrix import Card, FlagSet, Matrix, ServerProfile, render_template
+from runner.matrix import TEMPLATE_TOKEN, Card, FlagSet, Matrix, ServerProfile
 from runner.registry import BACKENDS, BackendOptions, LocalOptions
 from runner.secrets import MASK, mask_env
 from runner.units import GIB, fmt_bytes
@@ -55,12 +56,6 @@ class ServerPlan:
     labels: Mapping[str, str] = field(default_factory=dict)  # the run id and attempt are added at start
     gpu: str | None = None
     options: BackendOptions = field(default_factory=LocalOptions)  # the card's keys for its backend
-
-    def with_port(self, port: int) -> tuple[tuple[str, ...], dict[str, str]]:
-        """argv and env of one start, the runtime port filled in."""
-        fill = str(port)
-        return (tuple(a.replace(RUNTIME_PORT, fill) for a in self.argv),
-                {k: v.replace(RUNTIME_PORT, fill) for k, v in self.env.items()})
 
     def command_line(self) -> str:
         return shlex.join(self.argv)
@@ -122,6 +117,20 @@ def device_of(matrix: Matrix, card: str) -> str:
     if c.gpu is None:
         return card
     return f"{c.options.host()}#gpu{c.gpu}"
+
+
+def render_template(text: str, values: Mapping[str, str]) -> str:
+    """Fill `{name}` placeholders of a template the matrix accepted (names only, no str.format, which would
+    evaluate format specs); `${VAR}` stays for the backend, which resolves it when the server starts."""
+    def sub(m: re.Match[str]) -> str:
+        token = m.group(0)
+        if m.group(1) is not None:
+            return token
+        if token in ("{{", "}}"):
+            return token[0]
+        return values[m.group(2)] if m.group(2) is not None else token
+
+    return TEMPLATE_TOKEN.sub(sub, text)
 
 
 def server_plan(matrix: Matrix, card: Card, flags: FlagSet) -> ServerPlan:

@@ -27,6 +27,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from runner.records import FailureClass, Peak, SessionRecord, Status, StepRecord
+from runner.registry import METERS
 from runner.units import clip, fmt_bytes, fmt_s, unit_for
 from runner.verdict import Cell
 
@@ -328,7 +329,7 @@ def load_reading(peak: Peak) -> str:
 
 
 def short_reason(source: str, reason: str | None) -> str:
-    if source == "server":
+    if source in METERS and METERS.get(source).after_ready:
         return "has no reading before its port opens, i.e. until load is over"
     return "had no reading: " + clip(reason or "unavailable", 80)
 

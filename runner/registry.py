@@ -13,6 +13,7 @@ import importlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, Generic, Literal, Protocol, TypeVar
 from urllib.parse import urlsplit
 
@@ -23,6 +24,7 @@ from runner.vocab import MemoryMetric
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
+@cache
 def load(target: str) -> Any:
     """The object a "module:attribute" names (imported now, not when the entry was declared)."""
     module, _, attr = target.partition(":")
@@ -101,6 +103,8 @@ class MeterEntry:
     min_hz: float | None = None
     max_hz: float | None = None
     reads_gpu: bool = False  # reads the GPU itself: a card listing it is gated by the idle baseline
+    after_ready: bool = False  # reads the server's own endpoint: no reading before its port opens (load)
+    refines: str | None = None  # a per-request figure recorded right before this polled source's peak
     idle: str | None = None  # "module:function"(card) -> IdleBaseline: who holds the device before a start
     options: type[Options] | None = None  # the card keys it needs when the card lists it
     listed: bool = True  # a card may name it in `meters`
@@ -138,10 +142,10 @@ for _entry in (
                glossary="dcgm-exporter's `DCGM_FI_DEV_FB_USED`, as fine as the exporter's collection interval"),
     MeterEntry("prometheus", "runner.meters.prometheus:build", "device", 3, options=PrometheusOptions,
                glossary="`max_over_time` of the DCGM figure in Prometheus: sub-second peaks are lost"),
-    MeterEntry("server", "runner.meters.server:build", "process", 4, max_hz=20,
+    MeterEntry("server", "runner.meters.server:build", "process", 4, max_hz=20, after_ready=True,
                glossary="the server's own `/metrics` memory gauge, ≤ 20 Hz; the server opens its port only "
                         "after load, so it has no reading while loading"),
-    MeterEntry("server-response", None, "process", 5, listed=False,
+    MeterEntry("server-response", None, "process", 5, listed=False, refines="server",
                glossary="the `peak_memory_mb` the server reports in each response: the allocator's peak over "
                         "the request, short spikes included (one figure per request, no time series)"),
     MeterEntry("host", "runner.meters.host:build", "process", 6, metric=MemoryMetric.HOST, max_hz=10,
@@ -188,7 +192,8 @@ class DockerOptions(BackendOptions):
 
     @model_validator(mode="after")
     def _reachable(self) -> DockerOptions:
-        remote = bool(self.docker_host) and urlsplit(self.docker_host or "").scheme in ("ssh", "tcp")
+        url = urlsplit(self.docker_host or "")
+        remote = url.scheme in ("ssh", "tcp") and (url.hostname or "") not in LOOPBACK  # its ports are not ours
         if remote and self.publish_host in LOOPBACK:
             raise OptionError("publish_host", f"is {self.publish_host!r} but docker_host {self.docker_host!r} is "
                               "another machine: the runner could not reach the server; use the host's address "
@@ -244,3 +249,28 @@ BACKENDS.register(BackendEntry("docker", "runner.backends.docker:DockerServer", 
                                "a container on a local or remote Docker Engine, at its published port",
                                needs_image=True, reap="runner.backends.docker:reap_hosts",
                                start_line=_docker_line))
+
+
+# --- request dialects ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DialectEntry:
+    """One request API (runner.dialects): how a request is built, where a 200 response keeps its images."""
+
+    name: str
+    build: str  # "module:function"(ImageRequest) -> HttpCall
+    images: str  # "module:function"(response JSON) -> list of base64 payloads / data URIs, or the problem
+    doc: str
+
+
+DIALECTS: Registry[DialectEntry] = Registry("dialect")
+for _dialect in (
+    DialectEntry("vllm-omni-chat", "runner.dialects:chat", "runner.dialects:chat_images",
+                 "chat completions, ordered image_url references, literal extra_body"),
+    DialectEntry("openai-images", "runner.dialects:generations", "runner.dialects:images_data",
+                 "images/generations (no references)"),
+    DialectEntry("openai-images-edits", "runner.dialects:edits", "runner.dialects:images_data",
+                 "multipart images/edits, one image[] part per reference"),
+):
+    DIALECTS.register(_dialect)

@@ -91,7 +91,7 @@ def _load_peak(session: SessionRecord) -> str:
     shown = []
     for p in device:
         if p.available and p.bytes is not None:
-            at_ready = " at readiness" if p.source == "server" else ""
+            at_ready = " at readiness" if p.source in METERS and METERS.get(p.source).after_ready else ""
             shown.append(f"{fmt_bytes(p.bytes)} ({p.source}{at_ready})")
         else:
             shown.append(f"n/a: {p.source} {quote.markdown(plots.short_reason(p.source, p.reason))}")

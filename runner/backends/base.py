@@ -18,7 +18,7 @@ import httpx
 
 from runner import bounded, quote
 from runner.failures import classify_start
-from runner.plan import ServerPlan
+from runner.plan import RUNTIME_PORT, ServerPlan
 from runner.records import Failure, FailureClass
 from runner.secrets import resolved_values
 
@@ -87,6 +87,13 @@ class RunningServer(ABC):
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port or 0}"
+
+    def command(self, port: int) -> tuple[tuple[str, ...], dict[str, str]]:
+        """The plan's argv and env for this start: the port the backend chose, put where the plan left
+        RUNTIME_PORT (a profile with port 0)."""
+        fill = str(port)
+        return (tuple(a.replace(RUNTIME_PORT, fill) for a in self.plan.argv),
+                {k: v.replace(RUNTIME_PORT, fill) for k, v in self.plan.env.items()})
 
     @abstractmethod
     def start(self) -> None: ...

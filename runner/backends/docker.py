@@ -182,7 +182,7 @@ class DockerServer(RunningServer):
         self._remove_stale(self.name)
         # The server listens on the profile's port inside the container; the engine publishes it on a free
         # host port, read back below.
-        argv, env = self.plan.with_port(profile.port)
+        argv, env = self.command(profile.port)
         # create, then start: a start the engine refuses (no NVIDIA runtime for a GPU request, port taken)
         # leaves a created container, which stop() must still be able to remove.
         self.container = self.client.containers.create(

@@ -124,7 +124,7 @@ class LocalServer(RunningServer):
                 raise StartFailed(Failure(FailureClass.LOAD_EXIT, f"{busy}; not starting (the runner would "
                                           f"measure that server instead of its own)"))
         self.port = fixed or free_port(HOST)
-        self.argv, server_env = self.plan.with_port(self.port)
+        self.argv, server_env = self.command(self.port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **resolve_env(server_env, os.environ)}
         if self.plan.gpu is not None:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from runner.backends.base import Attempt
+from runner.backends.local import LocalServer
 from runner.errors import UserError
 from runner.matrix import load_matrix
 from runner.plan import describe, make_plan
@@ -107,7 +109,7 @@ def test_plan_renders_each_sessions_full_server_command_and_masked_env(matrix_di
                                    "0.5", "--cond-cache", "host")
     assert session.server.env == {"HF_TOKEN": "hf_secret123", "CACHE_DIR": "/c/small"}
     assert session.server.labels["runner.flags"] == "host-cache"
-    argv, env = session.server.with_port(41234)
+    argv, env = LocalServer(session.server, Attempt("t", matrix_dir / "server.log")).command(41234)
     assert argv[4] == "41234" and env["CACHE_DIR"] == "/c/small"
     proc = subprocess.run([sys.executable, "-m", "runner", "plan", str(path)], capture_output=True, text=True,
                           timeout=60)

@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runner.errors import UserError
-from runner.matrix import PLACEHOLDERS, load_matrix, render_template
+from runner.matrix import PLACEHOLDERS, load_matrix
+from runner.plan import render_template
 
 BASE = tomllib.loads(textwrap.dedent("""
     [run]

@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 
 from runner import dialects, matrix
-from runner.dialects import DIALECTS
-from runner.registry import BACKENDS, METERS, load
+from runner.registry import BACKENDS, DIALECTS, METERS, load
 
 
 @pytest.mark.parametrize("dialect", DIALECTS.names())
@@ -28,6 +27,8 @@ def test_every_factory_and_hook_named_by_an_entry_exists() -> None:
         for target in (b.factory, b.reap, b.preflight):
             if target is not None:
                 assert callable(load(target)), (b.name, target)
+    for d in DIALECTS.entries():
+        assert callable(load(d.build)) and callable(load(d.images)), d.name
 
 
 def test_an_unknown_dialect_names_the_registry(matrix_dir: Path) -> None:

@@ -231,10 +231,11 @@ def test_bind_mounts_expand_tilde_only_for_local_engines(tmp_path, monkeypatch):
     local = bind_mounts(spec.plan.profile.mounts, spec.plan.options.docker_host)
     assert local[0]["Source"] == str(tmp_path / "w") and local[0]["ReadOnly"] is True
     assert local[1]["Source"] == "/data/x" and local[1]["ReadOnly"] is False
-    remote = make_spec(tmp_path, ("true",), docker_host="ssh://me@gpu-box.example",
+    remote = make_spec(tmp_path, ("true",), docker_host="ssh://me@gpu-box.example", publish_host="0.0.0.0",
                        mounts=(Mount("/home/me/w", "/w"),))
     assert bind_mounts(remote.plan.profile.mounts, remote.plan.options.docker_host)[0]["Source"] == "/home/me/w"
-    tilde = make_spec(tmp_path, ("true",), docker_host="ssh://me@gpu-box.example", mounts=(Mount("~/w", "/w"),))
+    tilde = make_spec(tmp_path, ("true",), docker_host="ssh://me@gpu-box.example", publish_host="0.0.0.0",
+                      mounts=(Mount("~/w", "/w"),))
     with pytest.raises(ValueError, match="absolute path on the remote host"):
         bind_mounts(tilde.plan.profile.mounts, tilde.plan.options.docker_host)
 
