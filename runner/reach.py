@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from runner.matrix import Matrix
+from runner.registry import BACKENDS, METERS, load
 from runner.units import clip
 
 TIMEOUT_S = 5.0  # per probe; probes run in parallel, so a run with every host down waits about this long
@@ -30,6 +31,7 @@ class Endpoint:
     what: str  # "docker host", "sidecar", "dcgm-exporter", "Prometheus"
     address: str  # as the matrix (or DOCKER_HOST) names it
     probe_url: str  # what is asked: the address itself, or an HTTP URL under it
+    probe: str | None = None  # "module:function"(url, timeout_s) of the backend that owns it; None: an HTTP GET
 
 
 @dataclass(frozen=True)
@@ -47,19 +49,21 @@ class Unreachable:
 
 
 def endpoints(matrix: Matrix, cards: Iterable[str]) -> list[Endpoint]:
-    """The places these cards' sessions will talk to, in matrix order."""
-    from runner.backends.docker import engine_url  # the engine URL the backend itself will use
-
+    """The places these cards' sessions will talk to, in matrix order: what each backend's and each listed
+    meter's registry entry says it reaches."""
     found = []
     for name in cards:
         card = matrix.cards[name]
-        if card.backend == "docker":
-            url = engine_url(card.docker_host)
-            found.append(Endpoint(name, "docker host", url, url))
-        for meter, what, url, path in (("sidecar", "sidecar", card.sidecar_url, "/info"),
-                                       ("dcgm", "dcgm-exporter", card.dcgm_url, ""),
-                                       ("prometheus", "Prometheus", card.prometheus_url, "/api/v1/query?query=1")):
-            if meter in card.meters and url:
+        backend = BACKENDS.get(card.backend)
+        place = load(backend.endpoint)(card.options) if backend.endpoint else None
+        if place is not None:
+            found.append(Endpoint(name, place[0], place[1], place[1], backend.probe))
+        for meter in card.meters:
+            entry = METERS.get(meter) if meter in METERS else None
+            options = card.meter_options.get(meter)
+            url = options.address() if options is not None else None
+            if entry is not None and entry.reach is not None and url:
+                what, path = entry.reach
                 found.append(Endpoint(name, what, url, url.rstrip("/") + path if path else url))
     return found
 
@@ -67,21 +71,19 @@ def endpoints(matrix: Matrix, cards: Iterable[str]) -> list[Endpoint]:
 def unreachable(matrix: Matrix, cards: Iterable[str], timeout_s: float = TIMEOUT_S) -> list[Unreachable]:
     """Every endpoint of these cards that does not answer, with the cause; [] when all do."""
     found = endpoints(matrix, cards)
-    targets = list(dict.fromkeys((e.what, e.probe_url) for e in found))
+    targets = list(dict.fromkeys((e.probe, e.probe_url) for e in found))
     if not targets:
         return []
     with ThreadPoolExecutor(max_workers=min(8, len(targets))) as pool:
         causes = dict(zip(targets, pool.map(lambda t: probe(t[0], t[1], timeout_s), targets), strict=True))
-    return [Unreachable(e, cause) for e in found if (cause := causes[(e.what, e.probe_url)]) is not None]
+    return [Unreachable(e, cause) for e in found if (cause := causes[(e.probe, e.probe_url)]) is not None]
 
 
-def probe(what: str, url: str, timeout_s: float) -> str | None:
-    """None when the place answers; else the cause, one inert line."""
+def probe(how: str | None, url: str, timeout_s: float) -> str | None:
+    """None when the place answers; else the cause, one inert line. `how`: the owning backend's probe, or
+    None for an HTTP GET."""
     try:
-        if what == "docker host":
-            cause = _probe_ssh(url) if url.startswith("ssh://") else _probe_engine(url, timeout_s)
-        else:
-            cause = _probe_http(url, timeout_s)
+        cause = load(how)(url, timeout_s) if how else _probe_http(url, timeout_s)
     except Exception as exc:  # a probe must end as a cause, never as a traceback
         cause = f"{type(exc).__name__}: {exc}"
     return None if cause is None else one_line(cause)
@@ -103,6 +105,11 @@ def _probe_http(url: str, timeout_s: float) -> str | None:
             return f"GET {url} answered HTTP {response.status_code}"
     except httpx.HTTPError as exc:
         return f"GET {url}: {type(exc).__name__}: {exc}"
+
+
+def probe_engine(url: str, timeout_s: float) -> str | None:
+    """The docker backend's probe: `ssh://` through the ssh client the SDK will run, else a ping."""
+    return _probe_ssh(url) if url.startswith("ssh://") else _probe_engine(url, timeout_s)
 
 
 def _probe_engine(url: str, timeout_s: float) -> str | None:

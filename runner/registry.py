@@ -34,7 +34,11 @@ def load(target: str) -> Any:
 class Options(BaseModel):
     """The card keys one kind reads (e.g. a backend's `docker_host`); unknown keys are errors."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    def address(self) -> str | None:
+        """The place outside this process these options name (a meter's URL), for preflight's reach check."""
+        return next((v for v in self.model_dump().values() if isinstance(v, str)), None)
 
 
 class _Named(Protocol):
@@ -105,6 +109,7 @@ class MeterEntry:
     reads_gpu: bool = False  # reads the GPU itself: a card listing it is gated by the idle baseline
     after_ready: bool = False  # reads the server's own endpoint: no reading before its port opens (load)
     refines: str | None = None  # a per-request figure recorded right before this polled source's peak
+    reach: tuple[str, str] | None = None  # (what, path): preflight GETs the options' URL + path before a run
     idle: str | None = None  # "module:function"(card) -> IdleBaseline: who holds the device before a start
     options: type[Options] | None = None  # the card keys it needs when the card lists it
     listed: bool = True  # a card may name it in `meters`
@@ -135,12 +140,14 @@ for _entry in (
                idle="runner.meters.nvml:idle",
                glossary="whole-device VRAM in use (NVML `used`) on the runner's host, 500 Hz–2 kHz"),
     MeterEntry("sidecar", "runner.meters.sidecar_meter:build", "device", 1, reads_gpu=True, min_hz=2, max_hz=10,
-               idle="runner.meters.sidecar_meter:idle", options=SidecarOptions,
+               idle="runner.meters.sidecar_meter:idle", options=SidecarOptions, reach=("sidecar", "/info"),
                glossary="the same NVML figure sampled on the GPU's own host by `runner meter`, polled for "
                         "window maxima"),
     MeterEntry("dcgm", "runner.meters.dcgm:build", "device", 2, max_hz=10, options=DcgmOptions,
+               reach=("dcgm-exporter", ""),
                glossary="dcgm-exporter's `DCGM_FI_DEV_FB_USED`, as fine as the exporter's collection interval"),
     MeterEntry("prometheus", "runner.meters.prometheus:build", "device", 3, options=PrometheusOptions,
+               reach=("Prometheus", "/api/v1/query?query=1"),
                glossary="`max_over_time` of the DCGM figure in Prometheus: sub-second peaks are lost"),
     MeterEntry("server", "runner.meters.server:build", "process", 4, max_hz=20, after_ready=True,
                glossary="the server's own `/metrics` memory gauge, ≤ 20 Hz; the server opens its port only "
@@ -229,6 +236,10 @@ class BackendEntry:
     reap: str | None = None  # "module:function"(options: list[BackendOptions]) -> list[str]: leftovers stopped
     preflight: str | None = None  # "module:function"(matrix, plan) -> None, raising UserError
     start_line: Callable[[Any], str] | None = None  # the plan's "starts (...)" text for a ServerPlan
+    # "module:function"(options) -> (what, address) | None: the host preflight reaches before a run (its
+    # probe is the backend's `probe`, "module:function"(address, timeout_s) -> cause | None)
+    endpoint: str | None = None
+    probe: str | None = None
 
 
 def _local_line(server: Any) -> str:
@@ -248,6 +259,7 @@ BACKENDS.register(BackendEntry("local", "runner.backends.local:LocalServer", Loc
 BACKENDS.register(BackendEntry("docker", "runner.backends.docker:DockerServer", DockerOptions, "0.0.0.0",
                                "a container on a local or remote Docker Engine, at its published port",
                                needs_image=True, reap="runner.backends.docker:reap_hosts",
+                               endpoint="runner.backends.docker:endpoint", probe="runner.reach:probe_engine",
                                start_line=_docker_line))
 
 

@@ -359,6 +359,11 @@ class DockerServer(RunningServer):
 # --- cleanup of earlier runs -----------------------------------------------------------------------------
 
 
+def endpoint(options: DockerOptions) -> tuple[str, str]:
+    """What preflight reaches for a docker card: the engine URL this backend will use."""
+    return "docker host", engine_url(options.docker_host)
+
+
 def reap_hosts(options: list[DockerOptions]) -> list[str]:
     """The backend's cleanup before a run (registry entry `reap`): on each engine the cards name, the
     managed containers whose runner is provably dead are removed; each line says what and why."""
