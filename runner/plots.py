@@ -323,13 +323,17 @@ def load_reading(peak: Peak) -> str:
     """What a device source saw of a load, as the session table's load-peak column says it: a figure where
     there is one (the `server` gauge's only reading comes at readiness), else why there is none."""
     if peak.available and peak.bytes is not None:
-        when = ": no reading before its port opens; at readiness" if peak.source == "server" else ""
+        when = ": no reading before its port opens; at readiness" if _after_ready(peak.source) else ""
         return f"{peak.source}{when} {fmt_bytes(peak.bytes)}"
     return f"{peak.source} {short_reason(peak.source, peak.reason)}"
 
 
+def _after_ready(source: str) -> bool:
+    return source in METERS and METERS.get(source).after_ready
+
+
 def short_reason(source: str, reason: str | None) -> str:
-    if source in METERS and METERS.get(source).after_ready:
+    if _after_ready(source):
         return "has no reading before its port opens, i.e. until load is over"
     return "had no reading: " + clip(reason or "unavailable", 80)
 
