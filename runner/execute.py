@@ -448,6 +448,7 @@ class _Server:
         self.closed = True
         self.ticker.stop()
         self.server.stop()
+        self.server.seal_log()  # no secret or raw escape stays in server.log
         t_end = time.time()
         for m in self.meters:
             m.stop()

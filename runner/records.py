@@ -8,7 +8,10 @@ sit beside the field (`field(metadata={"schema": ...})`) or the class (`SCHEMA_E
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import re
+import types
+import typing
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from enum import StrEnum
 from typing import Any, ClassVar
 
@@ -23,6 +26,58 @@ def _schema(*, default: Any = ..., required: bool = False, **constraints: Any) -
     """A field with JSON Schema constraints; `required` keeps a defaulted field required in the schema."""
     meta = {"schema": constraints, "required": required}
     return field(metadata=meta) if default is ... else field(default=default, metadata=meta)
+
+
+class RecordTypeError(ValueError):
+    """A record file's field holds a value of the wrong type ("references": "two"): the file is not a record
+    of this runner. The message names the field and the value."""
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether a JSON value can stand for a field declared `hint` (the declarations below use only these)."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is Any:
+        return True
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if isinstance(hint, type) and issubclass(hint, StrEnum):
+        return isinstance(value, str)  # which names are known is from_json's to say (Status, FailureClass)
+    if isinstance(hint, type) and is_dataclass(hint):
+        return isinstance(value, dict)  # checked field by field by its own from_json
+    if origin is tuple:
+        args = typing.get_args(hint)
+        return isinstance(value, (list, tuple)) and all(_fits(v, args[0]) for v in value)
+    if origin is dict or hint is dict:
+        return isinstance(value, dict)
+    return True
+
+
+def check_types(cls: type, d: Any) -> None:
+    """RecordTypeError unless `d` is a JSON object whose fields have the types `cls` declares (fields it does
+    not know are left to the caller: older and newer records differ in which fields they hold)."""
+    if not isinstance(d, dict):
+        raise RecordTypeError(f"{cls.__name__}: a {type(d).__name__}, not a JSON object")
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        if f.name in d and not _fits(d[f.name], hints[f.name]):
+            shown = repr(d[f.name])
+            raise RecordTypeError(f"{cls.__name__}.{f.name}: {shown[:60]}{'…' if len(shown) > 60 else ''} is not "
+                                  f"{_type_name(hints[f.name])}")
+
+
+def _type_name(hint: Any) -> str:
+    text = str(hint).replace("typing.", "").replace("runner.records.", "").replace("runner.vocab.", "")
+    return re.sub(r"<(?:class|enum) '([\w.]+)'>", r"\1", text).replace(", ...]", "…]")
 
 
 class Status(StrEnum):
@@ -57,6 +112,7 @@ class Failure:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Failure:
+        check_types(cls, d)
         return cls(FailureClass(d["kind"]), d["message"], tuple(d.get("evidence", ())), d.get("http_status"),
                    d.get("exit_code"))
 
@@ -79,6 +135,7 @@ class Peak:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Peak:
+        check_types(cls, d)
         return cls(**d)
 
 
@@ -95,6 +152,7 @@ class Sanity:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Sanity:
+        check_types(cls, d)
         return cls(**{**d, "reasons": tuple(d.get("reasons", ()))})
 
 
@@ -109,6 +167,7 @@ class Scores:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Scores:
+        check_types(cls, d)
         return cls(**{**d, "sanity": Sanity.from_json(d["sanity"])})
 
 
@@ -161,6 +220,7 @@ class StepRecord:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> StepRecord:
+        check_types(cls, d)
         d = dict(d)
         if "server_peak_mb" in d:  # records written before the rename: a top-level figure, meaning unknown
             d["server_peak_mib"] = d.pop("server_peak_mb")
@@ -194,6 +254,7 @@ class ServerStart:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ServerStart:
+        check_types(cls, d)
         return cls(**{**d, "failure": Failure.from_json(d["failure"]) if d.get("failure") else None,
                       "load_peaks": tuple(Peak.from_json(p) for p in d.get("load_peaks", ()))})
 
@@ -220,6 +281,7 @@ class SessionRecord:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SessionRecord:
+        check_types(cls, d)
         return cls(**{"schema_version": 1, **d, "starts": tuple(ServerStart.from_json(s) for s in d["starts"]),
                       "session_peaks": tuple(Peak.from_json(p) for p in d.get("session_peaks", ())),
                       "meters": tuple(d.get("meters", ())), "notes": tuple(d.get("notes", ()))})

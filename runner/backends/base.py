@@ -135,6 +135,20 @@ class RunningServer(ABC):
             return ""
         return self.quote(data)  # every reader of the log gets it masked and inert
 
+    def seal_log(self) -> None:
+        """Once the server is stopped: its log rewritten as the runner keeps server text (quote.py: resolved
+        values masked, control characters visible), so no file of the run holds a secret or a raw escape.
+        Line by line into a temporary file, then renamed over it; a log that cannot be rewritten stays."""
+        path = self.spec.log_path
+        tmp = path.with_name(f".{path.name}.sealing")
+        try:
+            with path.open("rb") as src, tmp.open("wb") as out:
+                for line in src:
+                    out.write(quote.inert(quote.mask(line.decode("utf-8", "replace"), self.secrets)).encode())
+            os.replace(tmp, path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+
     def log_tail(self, size: int = 16_384) -> str:
         return self.read_log(max(0, self.log_size() - size))
 

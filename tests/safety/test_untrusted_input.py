@@ -1,0 +1,327 @@
+"""Issue 18, untrusted input: one test per item against real processes on 127.0.0.1 (tests/safety/hostile.py)
+and the runner's own code paths (the executor's send, the backend's readiness, the report of a run folder).
+Item 1 (bad meter readings) is tests/meters/test_bad_readings.py; the whole corpus in one run is
+test_hostile_server.py."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+from rich.console import Console
+
+from runner.backends.base import ExitInfo, RunningServer, ServerSpec, StartFailed
+from runner.backends.local import LocalServer
+from runner.execute import Baselines, References, RunContext, Served, SessionRunner
+from runner.matrix import load_matrix
+from runner.plan import make_plan
+from runner.progress import ProgressView
+from runner.records import FailureClass, Status, StepRecord
+from runner.store import RunStore
+from runner.verdict import decide_all
+
+HOSTILE = Path(__file__).with_name("hostile.py")
+ROOT = Path(__file__).resolve().parents[2]
+REF = ROOT / "examples" / "refs" / "ref-1.png"
+SECRET = "hf_Zq8TOKEN0123456789abcdefSECRET"
+ESC = "\x1b"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def within(seconds: float, call: Callable[[], object]) -> object:
+    """call() on a thread; fails the test instead of hanging it when it takes longer than `seconds`."""
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:
+            box["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"still running after {seconds} s"
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box.get("value")
+
+
+@pytest.fixture(autouse=True)
+def _state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RUNNER_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+
+
+def hostile(tmp: Path, mode: str, port: int | None = None) -> LocalServer:
+    port = port or free_port()
+    spec = ServerSpec(name=f"hostile-{mode}", argv=(sys.executable, str(HOSTILE), "--port", str(port), "--mode", mode),
+                      env={"HF_TOKEN": "${HF_TOKEN}"}, host="127.0.0.1", port=port, health_path="/health",
+                      log_path=tmp / f"{mode}.log")
+    return LocalServer(spec)
+
+
+MATRIX = """
+[run]
+name = "u"
+seeds = [1]
+repeats = 1
+determinism_check = false
+restarts = 0
+steps = 2
+size = "64x64"
+request_timeout_s = 3
+ready_timeout_s = 20
+results_dir = "{results}"
+
+[servers.h]
+command = ["{{python}}", "{hostile}", "--port", "{{port}}", "--mode", "ok"]
+env = {{ HF_TOKEN = "${{HF_TOKEN}}" }}
+
+[cards.c]
+server = "h"
+vram_gib = 1
+meters = ["host"]
+
+[flags.default]
+role = "default"
+
+[fixtures.one]
+prompt = "a cat"
+references = ["{ref}"]
+
+[matrix]
+references = [1]
+"""
+
+
+def session_runner(tmp: Path) -> SessionRunner:
+    path = tmp / "matrix.toml"
+    path.write_text(textwrap.dedent(MATRIX.format(results=tmp / "results", hostile=HOSTILE, ref=REF)))
+    matrix = load_matrix(path)
+    plan = make_plan(matrix)
+    store = RunStore(tmp / "run")
+    return SessionRunner(RunContext(matrix, plan, store, "u"), plan.sessions[0], References(), Baselines(matrix, store))
+
+
+@pytest.fixture
+def serving(tmp_path: Path) -> Iterator[Callable[[str], tuple[SessionRunner, LocalServer]]]:
+    started: list[LocalServer] = []
+
+    def start(mode: str) -> tuple[SessionRunner, LocalServer]:
+        server = hostile(tmp_path, mode)
+        server.start()
+        started.append(server)
+        server.wait_ready(20)
+        return session_runner(tmp_path), server
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+# -- item 2: every value the runner resolved is masked in what the server prints ---------------------------
+def test_item2_a_resolved_secret_is_masked_in_a_start_failure_and_a_500(tmp_path: Path,
+                                                                        serving: Callable) -> None:
+    server = hostile(tmp_path, "load-secret")
+    server.start()
+    with pytest.raises(StartFailed) as info:
+        server.wait_ready(20)
+    failure = info.value.failure
+    text = json.dumps([failure.message, *failure.evidence])
+    assert SECRET not in text and "token *** has no access" in text, text
+
+    r, live = serving("secret")
+    call = r._request(r.session.steps[0])
+    with httpx.Client() as client:
+        record = r.execute(client, live, [], r.session.steps[0], 0, False)
+    assert isinstance(record, StepRecord) and record.failure is not None
+    text = json.dumps(record.to_json())
+    assert record.failure.kind == FailureClass.HTTP_ERROR and "invalid token ***" in record.failure.message
+    assert SECRET not in text and "401 Client Error for token ***" in text, text
+    assert call.path  # the request went where the dialect says
+
+
+# -- item 5: every timeout the matrix names is a total deadline -------------------------------------------
+def test_item5_ready_timeout_is_a_total_deadline_with_a_dripping_health(tmp_path: Path) -> None:
+    server = hostile(tmp_path, "drip-health")
+    server.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(StartFailed) as info:
+            within(15, lambda: server.wait_ready(3))
+    finally:
+        server.stop()
+    assert info.value.failure.kind == FailureClass.READY_TIMEOUT
+    assert time.monotonic() - t0 < 3 + 5  # one probe past the deadline at most, never the drip's length
+
+
+def test_item5_request_timeout_is_a_total_deadline_with_a_dripping_response(serving: Callable) -> None:
+    r, live = serving("drip")
+    with httpx.Client() as client:
+        sent = within(15, lambda: r._send(client, live, r._request(r.session.steps[0])))
+    assert sent.timed_out and sent.wall_s < 3 + 1.0, sent  # type: ignore[attr-defined]
+
+
+# -- item 10: memory bounded by caps, not by what the server sends ---------------------------------------
+def test_item10_a_huge_body_is_refused_at_the_cap(serving: Callable) -> None:
+    r, live = serving("huge")
+    with httpx.Client() as client:
+        sent = within(60, lambda: r._send(client, live, r._request(r.session.steps[0])))
+    assert len(sent.content) < 17 * 2**20, len(sent.content)  # type: ignore[attr-defined]
+    with httpx.Client() as client:
+        record = r.execute(client, live, [], r.session.steps[0], 0, False)
+    assert isinstance(record, StepRecord) and record.failure is not None
+    assert record.failure.kind == FailureClass.BAD_RESPONSE and "over the cap" in record.failure.message
+
+
+def test_item10_an_image_declaring_too_many_pixels_is_never_decoded(tmp_path: Path) -> None:
+    sys.path.insert(0, str(HOSTILE.parent))
+    from hostile import png  # a 12000x12000 PNG of ~140 KB, written row by row
+
+    r = session_runner(tmp_path)
+    step = r.session.steps[0]
+    record = StepRecord(key=step.key, card=step.card, flags=step.flags, role="default", fixture=step.fixture,
+                        references=1, seed=1, status=Status.OK, image="x.png", image_sha256="ab")
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    scored, kept = r.score(Served(record, png(12000, 12000), None))
+    grew_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert scored.status == Status.FAILED and kept is None and scored.failure is not None
+    assert "12000x12000 pixels, over the cap" in scored.failure.message
+    assert grew_mib < 50, grew_mib  # decoded, it would be 137 MiB of pixels
+
+
+# -- item 11: an OOM kill during a request is an OOM of host memory --------------------------------------
+class OomKilledServer(RunningServer):
+    """A server the engine reports as OOM-killed (docker's State.OOMKilled) as soon as it is asked."""
+
+    def __init__(self, spec: ServerSpec, url: str) -> None:
+        super().__init__(spec)
+        self.url = url
+
+    @property
+    def base_url(self) -> str:
+        return self.url
+
+    def start(self) -> None:
+        pass
+
+    def exited(self) -> ExitInfo | None:
+        return ExitInfo(137, oom_killed=True)
+
+    def stop(self) -> None:
+        pass
+
+
+def test_item11_an_oom_kill_during_a_request_is_a_host_memory_oom(tmp_path: Path) -> None:
+    class Hangup(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.close_connection = True
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Hangup)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        r = session_runner(tmp_path)
+        spec = ServerSpec(name="k", argv=("x",), env={}, host="127.0.0.1", port=0, health_path="/health",
+                          log_path=tmp_path / "k.log")
+        server = OomKilledServer(spec, f"http://127.0.0.1:{httpd.server_address[1]}")
+        with httpx.Client() as client:
+            record = r.execute(client, server, [], r.session.steps[0], 0, False)
+    finally:
+        httpd.shutdown()
+    assert isinstance(record, StepRecord) and record.failure is not None
+    assert record.failure.kind == FailureClass.OOM and "host memory" in record.failure.message, record.failure
+    assert record.lost
+    (verdict,) = decide_all([record], [], r.ctx.matrix.verdict, ["c"], None)
+    assert verdict.world == "not-built" and "host memory" in verdict.reason, verdict.reason
+
+
+# -- items 12 and 14: a crafted run folder, reported ------------------------------------------------------
+HOSTILE_TEXT = (f"{ESC}[2J{ESC}]8;;https://evil.example/{ESC}\\click{ESC}]8;;{ESC}\\ <script>alert(1)</script> "
+                "<img src=x onerror=alert(2)> [click](javascript:alert(3)) \u202eevil")
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One real, tiny, finished run (the control server), copied by each test that crafts it."""
+    tmp = tmp_path_factory.mktemp("run")
+    path = tmp / "matrix.toml"
+    path.write_text(textwrap.dedent(MATRIX.format(results=tmp / "results", hostile=HOSTILE, ref=REF)))
+    proc = subprocess.run([sys.executable, "-m", "runner", str(path), "--no-progress"], capture_output=True,
+                          text=True, timeout=240, env={**__import__("os").environ, "HF_TOKEN": SECRET})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return next((tmp / "results").glob("u-*"))
+
+
+def crafted(finished_run: Path, tmp: Path, **over: object) -> Path:
+    """The finished run copied into tmp/box/run, with one more failed step record whose fields are `over`."""
+    run = tmp / "box" / "run"
+    shutil.copytree(finished_run, run)
+    doc = json.loads((run / "c/default/refs-1/one-seed-1.json").read_text())
+    doc.update(key="c/default/refs-1/two-seed-1", fixture="two", status="failed", image=None, image_sha256=None,
+               scores=None, failure={"kind": "http_error", "message": HOSTILE_TEXT, "evidence": [HOSTILE_TEXT],
+                                     "http_status": 500, "exit_code": None})
+    doc.update(over)
+    (run / "c/default/refs-1/two-seed-1.json").write_text(json.dumps(doc))
+    return run
+
+
+def report(run: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "runner", "report", str(run)], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_item12_server_text_is_inert_in_report_md_and_on_the_console(finished_run: Path, tmp_path: Path) -> None:
+    run = crafted(finished_run, tmp_path)
+    proc = report(run)
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    md = (run / "report.md").read_text()
+    for bad in (ESC, "\u202e", "<script", "<img", "](javascript:"):
+        assert bad not in md.replace("\\](javascript:", ""), (bad, md[-1500:])
+    assert "&lt;script&gt;" in md and "\\\\x1b\\[2J" in md  # still there, as text (renders as \x1b[2J)
+    assert ESC not in proc.stdout + proc.stderr
+
+    out = io.StringIO()
+    view = ProgressView(Console(file=out, force_terminal=True, width=400), enabled=False)
+    view.lane_started("c", ("c",), 1)
+    record = StepRecord(key="c/default/refs-1/one-seed-1", card="c", flags="default", role="default",
+                        fixture="one", references=1, seed=1, status=Status.SKIPPED,
+                        skip_reason=f"server did not start: {HOSTILE_TEXT} [bold red]x[/]")
+    view.step_done(record)
+    printed = out.getvalue()
+    assert "\\x1b]8;;" in printed and "[bold red]x[/]" in printed  # escapes visible, rich markup not applied
+    assert f"{ESC}]8" not in printed and f"{ESC}[2J" not in printed and "\u202e" not in printed
+
+
+def test_item14_a_crafted_card_name_never_makes_the_report_write_outside_the_run(finished_run: Path,
+                                                                                tmp_path: Path) -> None:
+    run = crafted(finished_run, tmp_path, card="../../../outside/pwn")
+    before = {p for p in tmp_path.rglob("*") if run not in p.parents}
+    proc = report(run)
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    after = {p for p in tmp_path.rglob("*") if run not in p.parents}
+    assert after == before, sorted(map(str, after - before))
+    assert not (tmp_path / "outside").exists()
