@@ -139,7 +139,7 @@ class RunningServer(ABC):
         """Once the server is stopped: its log rewritten as the runner keeps server text (quote.py: resolved
         values masked, control characters visible), so no file of the run holds a secret or a raw escape.
         Line by line into a temporary file, then renamed over it; a log that cannot be rewritten stays."""
-        path = self.spec.log_path
+        path = self.log_path
         tmp = path.with_name(f".{path.name}.sealing")
         try:
             with path.open("rb") as src, tmp.open("wb") as out:

@@ -21,11 +21,11 @@ import httpx
 import pytest
 from rich.console import Console
 
-from runner.backends.base import ExitInfo, RunningServer, ServerSpec, StartFailed
+from runner.backends.base import Attempt, ExitInfo, RunningServer, StartFailed
 from runner.backends.local import LocalServer
 from runner.execute import Baselines, References, RunContext, Served, SessionRunner
-from runner.matrix import load_matrix
-from runner.plan import make_plan
+from runner.matrix import ServerProfile, load_matrix
+from runner.plan import ServerPlan, make_plan
 from runner.progress import ProgressView
 from runner.records import FailureClass, Status, StepRecord
 from runner.store import RunStore
@@ -73,10 +73,10 @@ def _state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def hostile(tmp: Path, mode: str, port: int | None = None) -> LocalServer:
     port = port or free_port()
-    spec = ServerSpec(name=f"hostile-{mode}", argv=(sys.executable, str(HOSTILE), "--port", str(port), "--mode", mode),
-                      env={"HF_TOKEN": "${HF_TOKEN}"}, host="127.0.0.1", port=port, health_path="/health",
-                      log_path=tmp / f"{mode}.log")
-    return LocalServer(spec)
+    argv = (sys.executable, str(HOSTILE), "--port", str(port), "--mode", mode)
+    plan = ServerPlan(backend="local", profile=ServerProfile(name=mode, command=argv, port=port), argv=argv,
+                      env={"HF_TOKEN": "${HF_TOKEN}"})
+    return LocalServer(plan, Attempt(name=f"hostile-{mode}", log_path=tmp / f"{mode}.log"))
 
 
 MATRIX = """
@@ -215,8 +215,8 @@ def test_item10_an_image_declaring_too_many_pixels_is_never_decoded(tmp_path: Pa
 class OomKilledServer(RunningServer):
     """A server the engine reports as OOM-killed (docker's State.OOMKilled) as soon as it is asked."""
 
-    def __init__(self, spec: ServerSpec, url: str) -> None:
-        super().__init__(spec)
+    def __init__(self, plan: ServerPlan, attempt: Attempt, url: str) -> None:
+        super().__init__(plan, attempt)
         self.url = url
 
     @property
@@ -245,9 +245,9 @@ def test_item11_an_oom_kill_during_a_request_is_a_host_memory_oom(tmp_path: Path
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
         r = session_runner(tmp_path)
-        spec = ServerSpec(name="k", argv=("x",), env={}, host="127.0.0.1", port=0, health_path="/health",
-                          log_path=tmp_path / "k.log")
-        server = OomKilledServer(spec, f"http://127.0.0.1:{httpd.server_address[1]}")
+        plan = ServerPlan(backend="local", profile=ServerProfile(name="k", command=("x",)), argv=("x",), env={})
+        server = OomKilledServer(plan, Attempt(name="k", log_path=tmp_path / "k.log"),
+                                 f"http://127.0.0.1:{httpd.server_address[1]}")
         with httpx.Client() as client:
             record = r.execute(client, server, [], r.session.steps[0], 0, False)
     finally:
