@@ -1,8 +1,9 @@
 """Failure classification: pure functions over what was observed, returning a FailureClass.
 
 vLLM-Omni reports a mid-request CUDA OOM as an HTTP 500 with a mangled message; the OOM text appears only
-in its log. So the server log lines written during the request window are evidence too. A failure's
-evidence starts with the server's own last error lines (`error_lines`): the OOM line, the traceback's last
+in its log. So the server log lines written during the request window are evidence too. An OOM failure
+carries PyTorch's message taken apart and its site in the server's code (runner.findings.oom.read_oom). A
+failure's evidence starts with the server's own last error lines (`error_lines`): the OOM line, the traceback's last
 line, an ERROR-level log line — what a reader needs to see why, without opening server.log.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import re
 
+from runner.findings.oom import read_oom
 from runner.records import Failure, FailureClass
 
 OOM_PATTERN = re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory", re.IGNORECASE)
@@ -70,7 +72,7 @@ def classify_request(*, http_status: int | None, body: str, log_window: str, tim
     if server_exit is not None:
         if log_oom:
             return Failure(FailureClass.OOM, f"server exited with code {server_exit} during the request",
-                           log_oom, http_status, server_exit)
+                           log_oom, http_status, server_exit, read_oom(body=body, log=log_window))
         return Failure(FailureClass.CRASH,
                        _with_cause(f"server exited with code {server_exit} during the request", log_window),
                        _evidence(log_window), http_status, server_exit)
@@ -82,7 +84,7 @@ def classify_request(*, http_status: int | None, body: str, log_window: str, tim
         if body_oom or log_oom:
             where = "response body" if body_oom else "server log during the request"
             return Failure(FailureClass.OOM, f"HTTP {http_status}; out-of-memory text in the {where}",
-                           body_oom or log_oom, http_status)
+                           body_oom or log_oom, http_status, oom=read_oom(body=body, log=log_window))
         return Failure(FailureClass.HTTP_ERROR, f"HTTP {http_status}: {body[:300]}", _evidence(log_window),
                        http_status)
     if parse_problem:
@@ -121,7 +123,8 @@ def classify_start(*, exit_code: int | None, oom_killed: bool, timed_out: bool, 
     ooms = oom_lines(log_tail)
     if ooms or oom_killed:
         what = HOST_OOM if oom_killed and not ooms else "out of memory at load"
-        return Failure(FailureClass.OOM_AT_LOAD, what, ooms or tail(log_tail), None, exit_code)
+        return Failure(FailureClass.OOM_AT_LOAD, what, ooms or tail(log_tail), None, exit_code,
+                       read_oom(log=log_tail))
     if timed_out:
         return Failure(FailureClass.READY_TIMEOUT, _with_cause("not ready before the deadline", log_tail),
                        _evidence(log_tail), None, exit_code)

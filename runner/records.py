@@ -15,11 +15,23 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from enum import StrEnum
 from typing import Any, ClassVar
 
+from pydantic import BaseModel
+
+from runner.findings.models import OomReport
 from runner.vocab import MemoryMetric, Role
 
 # 2: implied_by, wall_samples_s, schema_version; a start may be open (stopped_at null) after a kill
 # 3: server_peak_mb -> server_peak_mib + server_peak_source + server_peak_measures; failure references_dropped
 SCHEMA_VERSION = 3
+
+
+def _plain(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """asdict's dict factory: the findings' pydantic models (OomReport, ...) become their JSON form."""
+    return {k: v.model_dump(mode="json") if isinstance(v, BaseModel) else v for k, v in pairs}
+
+
+def as_json(record: Any) -> dict[str, Any]:
+    return asdict(record, dict_factory=_plain)
 
 
 def _schema(*, default: Any = ..., required: bool = False, **constraints: Any) -> Any:
@@ -109,12 +121,13 @@ class Failure:
     evidence: tuple[str, ...] = _schema(required=True, default=())
     http_status: int | None = None
     exit_code: int | None = None
+    oom: OomReport | None = None  # an out-of-memory failure: PyTorch's message taken apart, and its site
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Failure:
         check_types(cls, d)
         return cls(FailureClass(d["kind"]), d["message"], tuple(d.get("evidence", ())), d.get("http_status"),
-                   d.get("exit_code"))
+                   d.get("exit_code"), OomReport.model_validate(d["oom"]) if d.get("oom") else None)
 
 
 @dataclass(frozen=True)
@@ -216,7 +229,7 @@ class StepRecord:
                                  "scores": {"$ref": "#/$defs/Scores"}}}}]}
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return as_json(self)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> StepRecord:
@@ -277,7 +290,7 @@ class SessionRecord:
     schema_version: int = _schema(required=True, minimum=1, default=SCHEMA_VERSION)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return as_json(self)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SessionRecord:
@@ -313,7 +326,7 @@ class RunRecord:
     schema_version: int = _schema(required=True, minimum=1, default=SCHEMA_VERSION)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return as_json(self)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> RunRecord:

@@ -16,6 +16,8 @@ import typing
 from enum import Enum
 from typing import Any
 
+from pydantic import BaseModel
+
 from runner import records
 
 ROOTS = (records.StepRecord, records.SessionRecord, records.RunRecord)
@@ -37,6 +39,11 @@ def _type(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
         return {"type": "object"}
     if isinstance(tp, type) and issubclass(tp, Enum):
         return {"enum": [m.value for m in tp]}
+    if isinstance(tp, type) and issubclass(tp, BaseModel):  # the findings' records declare their own schema
+        doc = tp.model_json_schema(ref_template="#/$defs/{model}")
+        defs.update(doc.pop("$defs", {}))
+        defs[tp.__name__] = doc
+        return {"$ref": f"#/$defs/{tp.__name__}"}
     if dataclasses.is_dataclass(tp):
         _define(tp, defs)
         return {"$ref": f"#/$defs/{tp.__name__}"}

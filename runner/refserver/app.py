@@ -25,7 +25,7 @@ from PIL import Image
 from runner.refserver import protocol
 from runner.refserver.config import ServerConfig
 from runner.refserver.engine import Engine, GenerationRequest, GenerationResult, png_bytes
-from runner.refserver.memory import is_oom
+from runner.refserver.memory import as_raised_by_allocator, is_oom
 from runner.refserver.metrics import Metrics
 from runner.refserver.protocol import BadRequest, error_body
 
@@ -100,8 +100,9 @@ class Service:
                 result = self.engine.generate(req, self._step_hook(n, faults))
             except Exception as exc:
                 oom = is_oom(exc)
-                if oom:  # the full allocator text goes to the log only, as upstream
-                    log.error("request %d id=%s generation failed: %s", n, rid, exc)
+                if oom:  # the full allocator text and its traceback go to the log only, as upstream
+                    log.error("request %d id=%s generation failed: %s", n, rid, exc,
+                              exc_info=as_raised_by_allocator(exc))
                 else:
                     log.exception("request %d id=%s generation failed", n, rid)
                 message = (GENERATION_FAILED if self.config.oom_reply == "mangled"

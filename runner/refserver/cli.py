@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from runner.refserver.app import create_app
     from runner.refserver.engine import Engine, configure_torch
-    from runner.refserver.memory import is_oom
+    from runner.refserver.memory import as_raised_by_allocator, is_oom
 
     configure_torch(config)  # sets allocator/cuBLAS environment, so before anything touches CUDA
     if config.device.startswith("cuda") and not torch.cuda.is_available():
@@ -143,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         if not is_oom(exc):
             raise
-        log.error("model load failed: %s", exc)  # as vLLM-Omni: an init OOM ends the process unbound
+        # as vLLM-Omni: an init OOM ends the process unbound, its traceback in the log
+        log.error("model load failed: %s", exc, exc_info=as_raised_by_allocator(exc))
         return EXIT_OOM
     log.info(engine.summary())
     if config.faults.slow_load_s > 0:

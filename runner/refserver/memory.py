@@ -10,8 +10,10 @@ Two implementations behind one interface:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -36,6 +38,27 @@ def format_size(n: float) -> str:
 
 class AccountedOutOfMemory(RuntimeError):
     """Raised by the CPU ledger when an allocation would exceed the budget."""
+
+
+# The ledger plays the part of PyTorch's native allocator, whose frames a CUDA OOM's traceback never shows
+# (the raise happens inside the C++ op the model line called). `as_raised_by_allocator` cuts the ledger's
+# own frames (this file, and contextlib's around `hold`) from the end of an OOM's traceback, so it ends at
+# the model line that asked for the memory, as a CUDA OOM's does. Every frame left is a real one.
+_LEDGER_FILES = (__file__, contextlib.__file__)
+
+
+def as_raised_by_allocator(exc: BaseException) -> BaseException:
+    entries = []
+    tb = exc.__traceback__
+    while tb is not None:
+        entries.append(tb)
+        tb = tb.tb_next
+    while len(entries) > 1 and entries[-1].tb_frame.f_code.co_filename in _LEDGER_FILES:
+        entries.pop()
+    rebuilt: types.TracebackType | None = None
+    for entry in reversed(entries):
+        rebuilt = types.TracebackType(rebuilt, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return exc.with_traceback(rebuilt)
 
 
 def oom_message(request: int, capacity: int, in_use: int, what: str) -> str:

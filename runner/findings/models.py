@@ -1,0 +1,150 @@
+"""The findings' records, declared once (pydantic v2, frozen, unknown keys refused): they are written into
+the failure records (`Failure.oom`), verdict.json (`findings`) and profiles.json, and their JSON Schema
+comes from these declarations."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Frame(Record):
+    """One traceback frame, its path in the package-relative form (`vllm_omni/diffusion/models/utils.py`)."""
+
+    path: str
+    line: int
+    function: str
+    code: str | None = None  # the source line the traceback printed under the frame
+    own: bool = Field(description="the server's own code (the site rule in docs/results.md)")
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.line} in {self.function}"
+
+
+class OomReport(Record):
+    """PyTorch's CUDA OOM message taken apart, and where in the server's code it happened. A field the
+    message did not carry (an older torch, vLLM-Omni's shortened HTTP 500 text) is absent, never zero."""
+
+    message: str = Field(description="the OOM text as found (at most 1,000 characters)")
+    source: str = Field(description="where it was found: 'response body' or 'server log'")
+    tried_bytes: int | None = Field(default=None, ge=0, description="'Tried to allocate …'")
+    capacity_bytes: int | None = Field(default=None, ge=0, description="the GPU's total capacity")
+    free_bytes: int | None = Field(default=None, ge=0, description="free on the GPU at the failure")
+    in_use_bytes: int | None = Field(default=None, ge=0,
+                                     description="this process's use, non-PyTorch memory included")
+    allowed_bytes: int | None = Field(default=None, ge=0,
+                                      description="the per-process cap (set_per_process_memory_fraction)")
+    allocated_bytes: int | None = Field(default=None, ge=0, description="allocated by PyTorch")
+    reserved_unallocated_bytes: int | None = Field(
+        default=None, ge=0, description="reserved by PyTorch but unallocated (fragmentation, cached blocks); "
+                                        "torch < 2.1: reserved in total minus allocated")
+    site: str | None = Field(default=None, description="package-relative path:line of the innermost frame of "
+                                                       "the server's own code")
+    function: str | None = None
+    frames: tuple[Frame, ...] = Field(default=(), description="the site and up to three of its callers, "
+                                                              "innermost first; with no server frame, the "
+                                                              "innermost frames")
+    no_site: str | None = Field(default=None, description="why there is no site (no traceback in the window, "
+                                                          "no server frame)")
+
+    @property
+    def binding_bytes(self) -> int | None:
+        """The capacity that bound: the per-process cap where the message names one, else the GPU's total."""
+        return self.allowed_bytes if self.allowed_bytes is not None else self.capacity_bytes
+
+
+class CountPeak(Record):
+    references: int = Field(ge=0)
+    bytes: int = Field(ge=0, description="the highest device peak over the count's served steps")
+    steps: int = Field(ge=1, description="served steps at this count")
+
+
+class OomFacts(Record):
+    """The OOM that decided a flag set (at load, or the first in a request at or below the target)."""
+
+    record: str = Field(description="the deciding record: a step key, or the session key for a load OOM")
+    references: int | None = Field(default=None, description="the reference count; None at load")
+    site: str | None = None
+    function: str | None = None
+    tried_bytes: int | None = None
+    allocated_bytes: int | None = None
+    reserved_unallocated_bytes: int | None = None
+    in_use_bytes: int | None = None
+    capacity_bytes: int | None = Field(default=None, description="what bound: the per-process cap where the "
+                                                                 "message names one, else the GPU's total")
+
+
+class MemoryModel(Record):
+    """One card × flag set: load peak, the peak per served reference count, a least-squares line through
+    them (fixed working set + marginal bytes per reference), and the prediction at the target."""
+
+    source: str | None = Field(description="the memory source of the peaks (one source for the whole line)")
+    load_peak_bytes: int | None = None
+    peaks: tuple[CountPeak, ...] = ()
+    fixed_bytes: int | None = Field(default=None, description="the line's value at 0 references")
+    per_reference_bytes: int | None = Field(default=None, description="marginal bytes per reference (slope)")
+    points: int = Field(default=0, ge=0, description="served reference counts the line goes through")
+    worst_residual_bytes: int | None = None
+    no_line: str | None = Field(default=None, description="why there is no line (fewer than two served counts)")
+    target_references: int
+    predicted_peak_bytes: int | None = Field(default=None, description="at the target: measured where it was "
+                                                                       "served, else the line's value")
+    predicted_from: str | None = Field(default=None, description="'measured' or 'line'")
+    capacity_bytes: int | None = None
+    capacity_source: str | None = Field(default=None, description="'oom-allowed' (the OOM's per-process cap), "
+                                                                  "'oom-total' (the OOM's GPU total), 'card' "
+                                                                  "(the matrix's vram_gib)")
+    shortfall_bytes: int | None = Field(default=None, description="predicted peak minus capacity; negative = "
+                                                                  "headroom")
+    oom: OomFacts | None = None
+
+
+class FlagSetFindings(Record):
+    role: str
+    memory: MemoryModel
+
+
+class Functional(Record):
+    """Whether the reference path works at all, before memory is the question (the seed's scope item 1)."""
+
+    works: bool | None = Field(description="True: a request with references was served; False: requests with "
+                                           "references failed for a reason that is not memory; None: nothing "
+                                           "reached the reference path (every server ran out of memory first)")
+    record: str | None = Field(default=None, description="the first served step with references, or the "
+                                                         "failing record")
+    flags: str | None = None
+    references: int | None = None
+    server_says: str | None = Field(default=None, description="the server's own line, when it failed")
+
+
+class ContributionSite(Record):
+    """A distinct OOM site that stopped default or offload flag sets: where a fix would go."""
+
+    site: str = Field(description="package-relative path:line")
+    function: str | None = None
+    flag_sets: tuple[str, ...]
+    references: tuple[int | None, ...] = Field(description="the count each flag set ran out at (None: at load)")
+    tried_bytes: tuple[int | None, ...] = Field(description="what each of those OOMs tried to allocate")
+
+
+class Fragmentation(Record):
+    """Two flag sets that differ only in allocator settings (PYTORCH_CUDA_ALLOC_CONF), their OOMs side by side."""
+
+    a: str
+    b: str
+    a_reserved_unallocated_bytes: int
+    b_reserved_unallocated_bytes: int
+    b_allocated_bytes: int | None = None
+    b_still_short: bool = Field(description="b ran out of memory too")
+
+
+class Findings(Record):
+    functional: Functional
+    contribution_sites: tuple[ContributionSite, ...] = ()
+    flag_sets: dict[str, FlagSetFindings] = {}
+    fragmentation: tuple[Fragmentation, ...] = ()
+    no_site_ooms: tuple[str, ...] = Field(default=(), description="deciding OOMs without a site (records)")
