@@ -100,9 +100,12 @@ def execute(run: Opened, events: Events, todo: Pending) -> bool:
 def finish(store: RunStore, matrix: Matrix, *, rescore: bool = True) -> list:
     """Rescore against the baseline cell, decide the verdicts, write verdict.json and the report."""
     from runner import baseline
+    from runner.findings.build import allocator_pairs
+    from runner.findings.profiles import profiles
     from runner.progress import verdict_line
     from runner.report import write_report
     from runner.rescore import rescore_against_cell
+    from runner.units import GIB
     from runner.verdict import decide_all
 
     if rescore:
@@ -118,8 +121,13 @@ def finish(store: RunStore, matrix: Matrix, *, rescore: bool = True) -> list:
             samples = []
         walls = [s.wall_s for s in samples if s.wall_s and s.references in (target, None)]
         wall = statistics.fmean(walls) if walls else None
-    verdicts = decide_all(steps, sessions, matrix.verdict, list(dict.fromkeys(s.card for s in steps)), wall)
+    capacities = {c.name: round(c.vram_gib * GIB) for c in matrix.cards.values()}
+    allocator = allocator_pairs((f.name, f.args, f.env) for f in matrix.flags.values())
+    verdicts = decide_all(steps, sessions, matrix.verdict, list(dict.fromkeys(s.card for s in steps)), wall,
+                          capacities, allocator)
     store.write_verdicts([v.to_json() for v in verdicts])
+    store.write_profiles(profiles(store.load_run()["run_id"], verdicts, matrix.verdict, capacities)
+                         .model_dump(mode="json"))
     report = write_report(store, verdicts)
     for v in verdicts:  # one short line per card; report.md has the whole reason
         print(verdict_line(v))

@@ -12,11 +12,11 @@ from rich.table import Column
 
 from runner import quote
 from runner.events import Events
-from runner.failures import without_stamp
 from runner.pending import step_done as decided
 from runner.records import Status, StepRecord
-from runner.units import clip, fmt_bytes, fmt_s
-from runner.verdict import Cell, Verdict, World
+from runner.units import fmt_bytes, fmt_s
+from runner.verdict import Verdict
+from runner.verdict_text import console_line
 
 SESSION_WIDTH = 42  # fixed column widths: the bars do not shift between frames as texts change length
 MEMORY_WIDTH = 22
@@ -61,47 +61,10 @@ def step_line(r: StepRecord) -> str:
     return f"{head}: " + ", ".join(parts)
 
 
-def verdict_line(v: Verdict, limit: int = 200) -> str:
-    """One short line per card for the console; report.md carries the whole reason."""
-    head = f"{v.card}: {v.world}" + (f" ({v.flags})" if v.flags else "")
-    ev = v.evidence
-    if v.world in (World.FITS_RESIDENT, World.OFFLOAD_WORKS) and ev.get("peak_bytes") is not None:
-        # Each figure with the reference count it was measured at: the latency ratio may be at a smaller
-        # count than the peak and the time (the largest count the default serves too).
-        parts = [f"peak {fmt_bytes(ev['peak_bytes'])} ({ev.get('peak_source')})",
-                 f"{fmt_s(ev.get('wall_s'))} s/request"]
-        if ev.get("psnr_db") is not None:
-            parts.append(f"PSNR {ev['psnr_db']:.1f} dB")
-        body = f"at {v.target_references} refs: " + ", ".join(parts)
-        if ev.get("latency_ratio") is not None:
-            ref = ev.get("latency_reference") or {}
-            n = ref.get("references")
-            against = ("the baseline's recorded time" if str(ref.get("what", "")).startswith("the baseline")
-                       else "the default's")
-            ratio = f"{ev['latency_ratio']:.2f}× {against} latency"
-            body += f"; {ratio}" if n in (None, v.target_references) else f"; at {n} refs: {ratio}"
-    elif v.world == World.NOT_BUILT and v.cells:
-        order = dict.fromkeys([*ev.get("flag_sets", {}), *(c.flags for c in v.cells)])
-        body = f"at {v.target_references} refs: " + ", ".join(f"{f} {_ceiling(v.cells, f)}" for f in order)
-    elif v.world == World.UNDECIDED and ev.get("blocking"):
-        # what blocked it and the server's own line first: the part a clipped line must not lose
-        body = "cannot tell: " + "; ".join(
-            f"'{b['flags']}' [{b['record']}] " + (without_stamp(b["server_says"][0]) if b["server_says"] else b["why"])
-            for b in ev["blocking"])
-    else:
-        body = v.reason
-    return quote.console(clip(f"{head} — {body}", limit))
-
-
-def _ceiling(cells: tuple[Cell, ...], flags: str) -> str:
-    """What one flag set managed, in a few words: "serves ≤3 (oom at 4)", "not started", "serves none (broken)"."""
-    mine = sorted((c for c in cells if c.flags == flags), key=lambda c: c.references)
-    if all(c.blocker == "skipped" for c in mine):
-        return "not started" if any("did not start" in (c.why_not or "") for c in mine) else "skipped"
-    served = [c.references for c in mine if c.served]
-    first_bad = next((c for c in mine if not c.served and c.blocker != "skipped"), None)
-    why = f" ({first_bad.blocker} at {first_bad.references})" if first_bad else ""
-    return (f"serves ≤{max(served)}" if served else "serves none") + why
+def verdict_line(v: Verdict) -> str:
+    """One short line per card for the console, in the report's own words (runner.verdict_text.summary);
+    report.md carries the whole reason and the evidence."""
+    return quote.console(console_line(v))
 
 
 class ProgressView(Events):

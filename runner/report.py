@@ -17,7 +17,8 @@ from runner.records import Failure, SessionRecord, Status, StepRecord
 from runner.registry import METERS
 from runner.store import RunStore, inside, load_memory
 from runner.units import GIB, clip, fmt_bytes, fmt_s
-from runner.verdict import Cell, IdenticalPair, Verdict, World, identical_pairs
+from runner.verdict import Cell, IdenticalPair, Verdict, identical_pairs
+from runner.verdict_text import findings_lines, summary
 
 TERMS = [
     "**request peak** — one request's device-memory peak, from the first available source in the card's meter "
@@ -37,8 +38,8 @@ def _story(b: dict[str, Any] | str) -> str:
     if isinstance(b, str):  # verdict.json of earlier runs
         return b
     says = "".join(f" — server: {quote.code(clip(without_stamp(line), 200))}" for line in b.get("server_says", ()))
-    stop = {"capacity": "stopped by capacity", "quality": "stopped by quality", "served": "serves it"}.get(
-        b["stop"], "stopped by neither memory nor quality")
+    stop = {"capacity": "stopped by capacity", "quality": "stopped by quality", "latency": "stopped by latency",
+            "served": "serves it"}.get(b["stop"], "stopped by neither memory nor quality")
     return f"**{stop}** — {quote.markdown(b['why'])}" + (f" ({quote.code(b['record'])})" if b.get("record") else "") \
         + says
 
@@ -211,9 +212,11 @@ def write_report(store: RunStore, verdicts: list[Verdict]) -> Path:
                   "not vLLM-Omni or Qwen-Image. Its messages imitate vLLM-Omni's (\"CUDA out of memory … GPU 0\") "
                   "even on a CPU, where the \"GPU\" is the accounted budget set by `--vram-gib`; its figures test "
                   "the runner and say nothing about a real model's memory or speed.", ""]
-    lines += ["| card | verdict | deciding flag set | why |", "|---|---|---|---|"]
-    for v in verdicts:
-        lines.append(f"| {quote.markdown(v.card)} | **{v.world}** | {v.flags or '–'} | {quote.markdown(v.reason)} |")
+    lines += ["| card | verdict | deciding flag set | why (each card's section has the evidence) |",
+              "|---|---|---|---|"]
+    for v in verdicts:  # the same words as the console line (verdict_text.summary)
+        lines.append(f"| {quote.markdown(v.card)} | **{v.world}** | {quote.markdown(v.flags or '–')} | "
+                     f"{quote.markdown(summary(v))} |")
     for v in verdicts:
         lines += _card_section(store, v, cards, sessions, steps, styles, out)
     lines += ["## Terms and memory sources", "", *[f"- {t}" for t in TERMS], "",
@@ -237,8 +240,11 @@ def _card_section(store: RunStore, v: Verdict, cards: dict[str, Any], sessions: 
     card_steps = [st for st in steps if st.card == v.card]
     order = list(dict.fromkeys([s.flags for s in card_sessions] + [c.flags for c in v.cells]))
     roles = {c.flags: c.role for c in v.cells} | {s.flags: s.role for s in card_sessions}
-    lines = ["", f"## {quote.markdown(v.card)} — {v.world}", "", quote.markdown(v.reason), ""]
-    if v.world in (World.NOT_BUILT, World.UNDECIDED) and v.evidence.get("flag_sets"):
+    lines = ["", f"## {quote.markdown(v.card)} — {v.world}", ""]
+    if v.findings is not None:  # findings_lines quotes what came from the server itself
+        lines += ["### Findings", "", *findings_lines(v), "", "### Evidence", ""]
+    lines += [quote.markdown(v.reason), ""]
+    if v.evidence.get("flag_sets"):
         lines += [f"Every flag set at {v.target_references} reference(s):", ""]
         stories = v.evidence["flag_sets"]
         lines += [f"- `{f}` [{roles.get(f, '?')}]: {_story(stories[f])}" for f in dict.fromkeys([*order, *stories])

@@ -107,6 +107,10 @@ class RunStore:
     def write_verdicts(self, verdicts: list[dict[str, Any]]) -> None:
         write_json(self.root / "verdict.json", {"run_id": self.load_run()["run_id"], "verdicts": verdicts})
 
+    def write_profiles(self, doc: dict[str, Any]) -> None:
+        """profiles.json beside verdict.json (runner.findings.profiles)."""
+        write_json(self.root / "profiles.json", doc)
+
     def write_session(self, record: SessionRecord) -> None:
         write_json(self.session_dir(record.key) / "session.json", record.to_json())
 

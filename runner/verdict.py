@@ -4,10 +4,14 @@
 - offload-works: a flag set whose role is an offload role serves it, with a latency ratio clearly within
   the limit (its whole interval at or under `max_latency_ratio`);
 - not-built: neither, and every default and offload flag set was stopped by capacity (OOM at load or in a
-  request) or quality (broken output, low PSNR, clearly too slow);
+  request), quality (broken output, low PSNR) or latency (its interval wholly above the limit);
 - undecided: neither, and some default or offload flag set was stopped by something that says nothing
   about memory (the server would not start or answer, a crash without OOM text, a latency interval that
   straddles the limit). The reason names the blocking record and the server's own last error lines.
+
+The rules are an ordered list of small functions (RULES: fits_resident, offload_works, undecided,
+not_built) over the same Facts, the first that decides returns a typed Decision; the words are rendered from
+it in one place (runner.verdict_text), which console, report and compare use.
 
 "Serves n" means every step at n (each fixture and seed) returned an image that passes the sanity checks
 and, where a baseline image exists, reaches the minimum PSNR: broken output does not count as served.
@@ -20,18 +24,21 @@ two samples a side that interval is about the min–max pairing; more repeats na
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 import statistics
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from operator import attrgetter
 from typing import Any
 
 from runner.failures import error_lines, without_stamp
+from runner.findings.models import Findings
 from runner.matrix import VerdictRules
-from runner.records import Failure, FailureClass, SessionRecord, Status, StepRecord
-from runner.units import clip, fmt_bytes, fmt_s
+from runner.records import Failure, FailureClass, SessionRecord, Status, StepRecord, as_json
+from runner.units import clip
 
 
 class World(StrEnum):
@@ -77,13 +84,17 @@ class Verdict:
     world: World
     target_references: int
     flags: str | None  # the flag set that decided it
-    reason: str
+    reason: str  # rendered by runner.verdict_text from the typed decision
     evidence: dict[str, Any]
     cells: tuple[Cell, ...]
     notes: tuple[str, ...]
+    stops: tuple[Blocked, ...] = ()  # why each other flag set does not decide it (evidence["flag_sets"], typed)
+    findings: Findings | None = None  # where the memory goes, what binds, where a fix would go
+    latency: Latency | None = None  # the deciding offload flag set's (evidence["latency_*"], typed)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        # the typed stops and latency are in the evidence already (flag_sets, latency_*)
+        return {k: v for k, v in as_json(self).items() if k not in ("stops", "latency")}
 
 
 def _device_peak(step: StepRecord) -> tuple[int | None, str | None]:
@@ -174,21 +185,32 @@ def _close(x: int | None, y: int | None) -> bool:
 
 
 class Stop(StrEnum):
-    """What kept a default or offload flag set from serving the target."""
+    """What kept a flag set from serving the target (or that it serves it)."""
 
     CAPACITY = "capacity"  # out of memory at load or in a request (at the target or below it)
-    QUALITY = "quality"  # broken output, low PSNR, clearly too slow
+    QUALITY = "quality"  # broken output, low PSNR
+    LATENCY = "latency"  # serves the target, but its latency interval lies wholly above the limit
     UNKNOWN = "unknown"  # anything that says nothing about memory: the card is undecided
+    SERVED = "served"  # serves the target (a flag set that did not decide the card, or whose role does not count)
 
 
 @dataclass(frozen=True)
 class Blocked:
+    """Why one flag set does not serve the target (or that it does), typed: `stop` and `cause` say what
+    happened, `references` at which count; `why` is the evidence phrase for the full reason."""
+
     flags: str
     role: str
     stop: Stop
     why: str
     record: str | None  # the deciding record: a step key, or the session key for a start failure
     server_says: tuple[str, ...] = ()  # the server's own last error lines, from the failure's evidence
+    # "oom-at-load", "oom", "start" (did not start, not memory), "broken", "low-psnr", "slow", "straddles",
+    # "failure" (a request failure that is not memory: `detail` names its class), "skipped", "absent", "served"
+    cause: str = ""
+    references: int | None = None
+    detail: str | None = None  # the failure class, "PSNR 8.0 dB < 20 dB", the latency ratio text, ...
+    latency: Latency | None = None
 
     def text(self) -> str:
         where = f" [{self.record}]" if self.record else ""
@@ -197,7 +219,8 @@ class Blocked:
 
     def to_json(self) -> dict[str, Any]:
         return {"stop": self.stop.value, "why": self.why, "record": self.record,
-                "server_says": list(self.server_says)}
+                "server_says": list(self.server_says), "cause": self.cause, "references": self.references,
+                "detail": self.detail}
 
 
 @dataclass(frozen=True)
@@ -210,7 +233,7 @@ class Latency:
     reference: str  # what it was compared with, in words
     reference_wall_s: float
     samples: tuple[int, int]  # timed sends: offload side, reference side
-    references: int | None = None  # the count both sides were timed at (the console says it)
+    references: int | None = None  # the count both sides were timed at (the console and report say it)
 
     def text(self) -> str:
         return f"latency ratio {self.ratio:.2f} [{self.low:.2f}–{self.high:.2f}] vs {self.reference}"
@@ -269,13 +292,19 @@ def blocked(flags: str, role: str, target: int, steps: list[StepRecord], session
     """Why a flag set does not serve the target, citing the record that decides it (the OOM at 3, not the
     step at 4 it implied), and whether that is capacity, quality or neither."""
     if session is not None and (f := session.start_failure) is not None:
-        stop = Stop.CAPACITY if f.kind == FailureClass.OOM_AT_LOAD else Stop.UNKNOWN
-        return Blocked(flags, role, stop, f"server did not start ({f.kind}: {f.message})", session.key,
-                       server_says(f))
+        at_load = f.kind == FailureClass.OOM_AT_LOAD
+        return Blocked(flags, role, Stop.CAPACITY if at_load else Stop.UNKNOWN,
+                       f"server did not start ({f.kind}: {f.message})", session.key, server_says(f),
+                       "oom-at-load" if at_load else "start", None, f.kind.value)
     mine = sorted((s for s in steps if s.flags == flags), key=attrgetter("references", "fixture", "seed"))
     at = [s for s in mine if s.references == target]
     if not at:
-        return Blocked(flags, role, Stop.UNKNOWN, f"{target} reference(s) not in the run", None)
+        served = [n for n in sorted({s.references for s in mine})
+                  if all(_usable(s, rules) is None for s in mine if s.references == n)]
+        seen = _quality_below(mine, target, rules) or (f"serves ≤{served[-1]}" if served else None)
+        return Blocked(flags, role, Stop.UNKNOWN, f"{target} reference(s) not in the run"
+                       + (f" ({seen} below it)" if seen else ""), None, cause="absent", references=target,
+                       detail=seen)
     by_key = {s.key: s for s in mine}
     # The deciding OOM: the one a skip at the target names (implied_by), else the first at or below it.
     named = [by_key[s.implied_by] for s in at if s.implied_by in by_key]
@@ -283,99 +312,188 @@ def blocked(flags: str, role: str, target: int, steps: list[StepRecord], session
                 and s.failure.kind == FailureClass.OOM), None)
     if oom is not None and oom.failure is not None:
         implied = f" (which implies {target})" if oom.references < target else ""
+        also = _quality_below(mine, oom.references, rules)
         return Blocked(flags, role, Stop.CAPACITY, f"out of memory at {oom.references} reference(s){implied}: "
-                       f"{oom.failure.message}", oom.key, server_says(oom.failure))
+                       f"{oom.failure.message}" + (f"; {also} before it" if also else ""), oom.key,
+                       server_says(oom.failure), "oom", oom.references, also)
     problems = [(s, *why) for s in at if (why := _usable(s, rules))]
-    quality = next(((s, why) for s, blocker, why in problems if blocker in ("broken", "low-psnr")), None)
+    quality = next(((s, blocker, why) for s, blocker, why in problems if blocker in ("broken", "low-psnr")), None)
     if quality:
-        return Blocked(flags, role, Stop.QUALITY, quality[1], quality[0].key)
+        s, blocker, why = quality
+        first = _first_quality_problem(mine, rules) or s
+        return Blocked(flags, role, Stop.QUALITY, why, s.key, (), blocker, first.references,
+                       why.split(": ", 1)[-1] if blocker == "broken" else why)
     if not problems:  # served: callers ask only about flag sets that do not serve the target
-        return Blocked(flags, role, Stop.UNKNOWN, f"serves {target}", None)
+        return Blocked(flags, role, Stop.SERVED, f"serves {target}", None, cause="served", references=target)
     s, blocker, why = problems[0]
     if s.failure is not None:
-        return Blocked(flags, role, Stop.UNKNOWN, why, s.key, server_says(s.failure))
+        return Blocked(flags, role, Stop.UNKNOWN, why, s.key, server_says(s.failure), "failure", s.references,
+                       s.failure.kind.value)
     lost = next((x for x in reversed(mine) if x.lost and x.failure is not None), None)
     if blocker == "skipped" and lost is not None and lost.failure is not None:
         return Blocked(flags, role, Stop.UNKNOWN, f"{why}, after {lost.failure.kind}: {lost.failure.message}",
-                       lost.key, server_says(lost.failure))
-    return Blocked(flags, role, Stop.UNKNOWN, why, s.key)
+                       lost.key, server_says(lost.failure), "failure", lost.references, lost.failure.kind.value)
+    return Blocked(flags, role, Stop.UNKNOWN, why, s.key, cause="skipped", references=s.references)
+
+
+def _quality_below(mine: list[StepRecord], n: int, rules: VerdictRules) -> str | None:
+    """What was wrong with the output below an OOM's count, in a few words (None: nothing)."""
+    bad = _first_quality_problem([s for s in mine if s.references < n], rules)
+    why = _usable(bad, rules) if bad is not None else None
+    if bad is None or why is None:
+        return None
+    what = "broken output" if why[0] == "broken" else f"PSNR under {rules.min_psnr_db:g} dB"
+    return f"{what} from {bad.references} ref" + ("" if bad.references == 1 else "s")
+
+
+def _first_quality_problem(mine: list[StepRecord], rules: VerdictRules) -> StepRecord | None:
+    """The lowest count whose output was broken or too far from the baseline (broken from 1 reads better
+    than broken at 4 when 1-3 were broken too)."""
+    return next((s for s in mine if (why := _usable(s, rules)) and why[0] in ("broken", "low-psnr")), None)
+
+
+# --- the rules: facts in, one typed decision out ------------------------------------------------------
+
+@dataclass(frozen=True)
+class Decision:
+    """What a rule decided: the world, the flag set and cell that decided it, its latency, and why every
+    other flag set does not decide it (`stops`, in matrix order)."""
+
+    world: World
+    flags: str | None = None
+    cell: Cell | None = None
+    latency: Latency | None = None
+    stops: tuple[Blocked, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What every rule reads: one card's cells and each flag set's stop at the target, computed once."""
+
+    card: str
+    rules: VerdictRules
+    cells: tuple[Cell, ...]
+    roles: dict[str, str]
+    steps: tuple[StepRecord, ...]
+    sessions: dict[str, SessionRecord]
+    baseline_wall_s: float | None
+
+    @property
+    def target(self) -> int:
+        return self.rules.target_references
+
+    @functools.cached_property
+    def at(self) -> dict[str, Cell]:
+        return {c.flags: c for c in self.cells if c.references == self.target}
+
+    def served(self, flags: str) -> bool:
+        return flags in self.at and self.at[flags].served
+
+    def of(self, *roles: str) -> list[str]:
+        return [f for f, r in self.roles.items() if r in roles]
+
+    @property
+    def defaults(self) -> list[str]:
+        return self.of("default")
+
+    @property
+    def offloads(self) -> list[str]:
+        return self.of(*self.rules.offload_roles)
+
+    @functools.cached_property
+    def stops(self) -> dict[str, Blocked]:
+        """Every flag set's stop at the target; an offload flag set that serves it is judged on latency."""
+        out = {}
+        for flags, role in self.roles.items():
+            b = blocked(flags, role, self.target, list(self.steps), self.sessions.get(flags), self.rules)
+            if b.stop == Stop.SERVED and role in self.rules.offload_roles:
+                b = self._judge_latency(b)
+            out[flags] = b
+        return out
+
+    def _judge_latency(self, served: Blocked) -> Blocked:
+        flags, cell = served.flags, self.at[served.flags]
+        lat = latency(flags, list(self.cells), self.defaults, self.target, self.baseline_wall_s)
+        limit = self.rules.max_latency_ratio
+        if lat is not None and lat.low > limit:
+            return replace(served, stop=Stop.LATENCY, why=f"serves {self.target} but too slow: {lat.text()}, "
+                           f"all above {limit:g}", record=cell.steps[0], cause="slow", latency=lat,
+                           detail=f"{lat.ratio:.2f}× > {limit:g}")
+        if lat is not None and lat.high > limit:
+            return replace(served, stop=Stop.UNKNOWN, why=f"serves {self.target}, but {lat.text()} straddles "
+                           f"{limit:g}: rerun with more repeats", record=cell.steps[0], cause="straddles",
+                           latency=lat, detail=f"{lat.low:.2f}–{lat.high:.2f}× straddles {limit:g}")
+        return replace(served, latency=lat)
+
+    def others(self, decided: str | None) -> tuple[Blocked, ...]:
+        return tuple(b for f, b in self.stops.items() if f != decided)
+
+
+def fits_resident(f: Facts) -> Decision | None:
+    """A default flag set serves the target."""
+    flags = next((d for d in f.defaults if f.served(d)), None)
+    if flags is None:
+        return None
+    return Decision(World.FITS_RESIDENT, flags, f.at[flags], None, f.others(flags))
+
+
+def offload_works(f: Facts) -> Decision | None:
+    """An offload flag set serves the target with a latency interval not above the limit (nor straddling)."""
+    flags = next((o for o in f.offloads if f.stops[o].stop == Stop.SERVED), None)
+    if flags is None:
+        return None
+    lat = f.stops[flags].latency
+    notes = ()
+    if lat is not None and min(lat.samples) < 2:
+        notes = (f"latency of '{flags}' from a single timed send on one side: no spread was measured "
+                 f"(raise [run] repeats or add seeds)",)
+    return Decision(World.OFFLOAD_WORKS, flags, f.at[flags], lat, f.others(flags), notes)
+
+
+def undecided(f: Facts) -> Decision | None:
+    """Some default or offload flag set was stopped by something that says nothing about memory."""
+    if not any(f.stops[x].stop == Stop.UNKNOWN for x in f.defaults + f.offloads):
+        return None
+    return Decision(World.UNDECIDED, stops=f.others(None), notes=_non_offload_note(f))
+
+
+def not_built(f: Facts) -> Decision:
+    """Every default and offload flag set was stopped by capacity, quality or latency."""
+    return Decision(World.NOT_BUILT, stops=f.others(None), notes=_non_offload_note(f))
+
+
+RULES: tuple[Callable[[Facts], Decision | None], ...] = (fits_resident, offload_works, undecided, not_built)
+
+
+def _non_offload_note(f: Facts) -> tuple[str, ...]:
+    served = [x for x in f.roles if x not in f.defaults + f.offloads and f.served(x)]
+    return (f"served {f.target} only under non-offload flag set(s) {', '.join(served)}, which do not count "
+            f"for this verdict",) if served else ()
 
 
 def decide(card: str, steps: list[StepRecord], sessions: list[SessionRecord], rules: VerdictRules,
-           baseline_wall_s: float | None = None) -> Verdict:
-    target = rules.target_references
-    cells = summarise(steps, rules)
-    at = {c.flags: c for c in cells if c.references == target}
-    roles = {s.flags: s.role for s in sessions} | {s.flags: s.role for s in steps}
-    session_of = {s.flags: s for s in sessions}
-    notes = [pair.note() for pair in identical_pairs(steps)]
-    defaults = [f for f, r in roles.items() if r == "default"]
+           baseline_wall_s: float | None = None, capacity_bytes: int | None = None,
+           allocator: tuple[tuple[str, str], ...] = ()) -> Verdict:
+    """One card's verdict: the first rule that decides, its words (verdict_text) and the findings. The
+    card's capacity (its vram) and the pairs of flag sets that differ only in allocator settings come from
+    the matrix."""
+    from runner import verdict_text
+    from runner.findings.build import card_findings
 
-    def why_not(flags: str) -> Blocked:
-        return blocked(flags, roles[flags], target, steps, session_of.get(flags), rules)
-
-    for flags in defaults:
-        cell = at.get(flags)
-        if cell and cell.served:
-            return Verdict(card, World.FITS_RESIDENT, target, flags,
-                           f"default flag set '{flags}' serves {target} reference(s): peak "
-                           f"{fmt_bytes(cell.peak_bytes)} ({cell.peak_source}), {_wall(cell)}, {_psnr(cell)}",
-                           _evidence(cell, None), tuple(cells), tuple(notes))
-
-    stopped = {f: why_not(f) for f in defaults}
-    for flags, role in roles.items():
-        if role not in rules.offload_roles:
-            continue
-        cell = at.get(flags)
-        if not (cell and cell.served):
-            stopped[flags] = why_not(flags)
-            continue
-        lat = latency(flags, cells, defaults, target, baseline_wall_s)
-        if lat is not None and lat.low > rules.max_latency_ratio:
-            stopped[flags] = Blocked(flags, role, Stop.QUALITY, f"serves {target} but too slow: {lat.text()}, "
-                                     f"all above {rules.max_latency_ratio:g}", cell.steps[0])
-            continue
-        if lat is not None and lat.high > rules.max_latency_ratio:
-            stopped[flags] = Blocked(flags, role, Stop.UNKNOWN, f"serves {target}, but {lat.text()} straddles "
-                                     f"{rules.max_latency_ratio:g}: rerun with more repeats", cell.steps[0])
-            continue
-        if lat is not None and min(lat.samples) < 2:
-            notes.append(f"latency of '{flags}' from a single timed send on one side: no spread was measured "
-                         f"(raise [run] repeats or add seeds)")
-        vs = ("; ".join(f"default '{f}' does not serve it: {stopped[f].text()}" for f in defaults)
-              or "no default flag set in the matrix")
-        judged = lat.text() if lat is not None else \
-            "latency not judged (no reference: default served nothing, no baseline wall time)"
-        return Verdict(card, World.OFFLOAD_WORKS, target, flags,
-                       f"offload flag set '{flags}' serves {target} reference(s): peak {fmt_bytes(cell.peak_bytes)} "
-                       f"({cell.peak_source}), host peak {fmt_bytes(cell.host_peak_bytes)}, {_wall(cell)}, "
-                       f"{judged}, {_psnr(cell)}; {vs}",
-                       {**_evidence(cell, lat), "flag_sets": {f: b.to_json() for f, b in stopped.items()}},
-                       tuple(cells), tuple(notes))
-
-    # Flag sets of other roles (quantization, ...) are part of the story but never decide the card.
-    others = {f: ({"stop": "served", "why": f"serves {target}; its role ({roles[f]}) does not count",
-                   "record": None, "server_says": []} if at.get(f) and at[f].served else why_not(f).to_json())
-              for f in roles if roles[f] not in rules.offload_roles and roles[f] != "default"}
-    served_elsewhere = [f for f in others if at.get(f) and at[f].served]
-    if served_elsewhere:
-        notes.append(f"served {target} only under non-offload flag set(s) {', '.join(served_elsewhere)}, "
-                     f"which do not count for this verdict")
-    evidence: dict[str, Any] = {"flag_sets": {**{f: b.to_json() for f, b in stopped.items()}, **others}}
-    unknown = [b for b in stopped.values() if b.stop == Stop.UNKNOWN]
-    if unknown:
-        evidence["blocking"] = [{"flags": b.flags, **b.to_json()} for b in unknown]
-        decided = [f"{_label(b)} stopped by {b.stop.value}: {b.text()}" for b in stopped.values()
-                   if b.stop != Stop.UNKNOWN]
-        reason = ("cannot tell — " + "; ".join(f"{_label(b)}: {b.text()}" for b in unknown)
-                  + "".join(f"; {d}" for d in decided))
-        return Verdict(card, World.UNDECIDED, target, None, reason, evidence, tuple(cells), tuple(notes))
-    parts = [f"{_label(b)}: {b.text()}" for b in stopped.values()]
-    if not defaults:
-        parts.insert(0, "no default flag set")
-    if not any(r in rules.offload_roles for r in roles.values()):
-        parts.append("no offload flag set")
-    return Verdict(card, World.NOT_BUILT, target, None, "; ".join(parts), evidence, tuple(cells), tuple(notes))
+    cells = tuple(summarise(steps, rules))
+    found = {s.flags: s.role for s in sessions} | {s.flags: s.role for s in steps}
+    rank = {"default": 0, **{r: 1 for r in rules.offload_roles}}  # the stops read default, offload, the rest
+    roles = dict(sorted(found.items(), key=lambda fr: rank.get(fr[1], 2)))
+    facts = Facts(card, rules, cells, roles, tuple(steps), {s.flags: s for s in sessions}, baseline_wall_s)
+    decision = next(d for rule in RULES if (d := rule(facts)) is not None)
+    findings = card_findings(steps, sessions, roles, rules.target_references, tuple(rules.offload_roles),
+                             capacity_bytes, {b.flags: b.stop.value for b in facts.stops.values()}, allocator,
+                             rules.min_psnr_db)
+    notes = tuple(pair.note() for pair in identical_pairs(steps)) + decision.notes
+    return Verdict(card, decision.world, rules.target_references, decision.flags,
+                   verdict_text.reason(decision, roles, rules), _evidence(decision), cells, notes,
+                   decision.stops, findings, decision.latency)
 
 
 def _short(line: str) -> str:
@@ -384,34 +502,30 @@ def _short(line: str) -> str:
     return clip(without_stamp(line), 200)
 
 
-def _label(b: Blocked) -> str:
-    return f"default '{b.flags}'" if b.role == "default" else f"offload '{b.flags}'"
-
-
-def _wall(cell: Cell) -> str:
-    spread = (f" [{fmt_s(cell.wall_min_s)}–{fmt_s(cell.wall_max_s)}]" if cell.wall_samples > 1 else "")
-    return f"{fmt_s(cell.wall_s)} s/request{spread} (median of {cell.wall_samples})"
-
-
-def _psnr(cell: Cell) -> str:
-    if cell.baseline:
-        return "the baseline cell (its images are the reference)"
-    return f"PSNR {cell.psnr_db} dB" if cell.psnr_db is not None else "no PSNR (no baseline image)"
-
-
-def _evidence(cell: Cell, lat: Latency | None) -> dict[str, Any]:
-    return {"steps": list(cell.steps), "peak_bytes": cell.peak_bytes, "peak_source": cell.peak_source,
-            "host_peak_bytes": cell.host_peak_bytes, "wall_s": cell.wall_s,
-            "wall_spread_s": [cell.wall_min_s, cell.wall_max_s], "wall_samples": cell.wall_samples,
-            "psnr_db": cell.psnr_db, "psnr_min_db": cell.psnr_min_db, "baseline": cell.baseline,
-            "latency_ratio": None if lat is None else lat.ratio,
-            "latency_interval": None if lat is None else [lat.low, lat.high],
-            "latency_reference": None if lat is None else {"wall_s": lat.reference_wall_s, "what": lat.reference,
-                                                           "samples": list(lat.samples),
-                                                           "references": lat.references}}
+def _evidence(d: Decision) -> dict[str, Any]:
+    """verdict.json's evidence, from the typed decision: the deciding cell's figures and latency; every
+    other flag set's stop (`flag_sets`); the stops that leave the card undecided (`blocking`)."""
+    out: dict[str, Any] = {}
+    if d.cell is not None:
+        c, lat = d.cell, d.latency
+        out = {"steps": list(c.steps), "peak_bytes": c.peak_bytes, "peak_source": c.peak_source,
+               "host_peak_bytes": c.host_peak_bytes, "wall_s": c.wall_s,
+               "wall_spread_s": [c.wall_min_s, c.wall_max_s], "wall_samples": c.wall_samples,
+               "psnr_db": c.psnr_db, "psnr_min_db": c.psnr_min_db, "baseline": c.baseline,
+               "latency_ratio": None if lat is None else lat.ratio,
+               "latency_interval": None if lat is None else [lat.low, lat.high],
+               "latency_reference": None if lat is None else {"wall_s": lat.reference_wall_s, "what": lat.reference,
+                                                              "samples": list(lat.samples),
+                                                              "references": lat.references}}
+    out["flag_sets"] = {b.flags: b.to_json() for b in d.stops}
+    if d.world == World.UNDECIDED:
+        out["blocking"] = [{"flags": b.flags, **b.to_json()} for b in d.stops if b.stop == Stop.UNKNOWN]
+    return out
 
 
 def decide_all(steps: list[StepRecord], sessions: list[SessionRecord], rules: VerdictRules,
-               cards: list[str], baseline_wall_s: float | None = None) -> list[Verdict]:
+               cards: list[str], baseline_wall_s: float | None = None,
+               capacities: dict[str, int] | None = None, allocator: tuple[tuple[str, str], ...] = ()
+               ) -> list[Verdict]:
     return [decide(card, [s for s in steps if s.card == card], [s for s in sessions if s.card == card], rules,
-                   baseline_wall_s) for card in cards]
+                   baseline_wall_s, (capacities or {}).get(card), allocator) for card in cards]

@@ -111,14 +111,17 @@ class FlagSetFindings(Record):
 class Functional(Record):
     """Whether the reference path works at all, before memory is the question (the seed's scope item 1)."""
 
-    works: bool | None = Field(description="True: a request with references was served; False: requests with "
-                                           "references failed for a reason that is not memory; None: nothing "
-                                           "reached the reference path (every server ran out of memory first)")
+    works: bool | None = Field(description="True: a request with references came back with a usable image "
+                                           "(sanity checks, minimum PSNR); False: requests with references "
+                                           "failed for a reason that is not memory, or every image was broken; "
+                                           "None: every failure was out of memory (memory is the question)")
     record: str | None = Field(default=None, description="the first served step with references, or the "
                                                          "failing record")
     flags: str | None = None
     references: int | None = None
     server_says: str | None = Field(default=None, description="the server's own line, when it failed")
+    why: str | None = Field(default=None, description="what was wrong with the images that came back "
+                                                      "(broken output, PSNR under the minimum)")
 
 
 class ContributionSite(Record):
@@ -148,3 +151,39 @@ class Findings(Record):
     flag_sets: dict[str, FlagSetFindings] = {}
     fragmentation: tuple[Fragmentation, ...] = ()
     no_site_ooms: tuple[str, ...] = Field(default=(), description="deciding OOMs without a site (records)")
+
+
+PROFILES_VERSION = 1
+
+
+class ProfileEntry(Record):
+    flags: str
+    role: str
+    peak_bytes: int | None
+    peak_source: str | None
+    headroom_bytes: int | None = Field(description="capacity minus peak (the flag set's binding capacity)")
+    wall_s: float | None = Field(description="median over every timed send at this count")
+    psnr_db: float | None = Field(description="mean PSNR against the baseline; None for the baseline cell")
+    latency_ratio: float | None = Field(default=None, description="median over a default flag set's median "
+                                                                  "at the same count, where one served it")
+
+
+class CountProfile(Record):
+    references: int
+    serve: tuple[ProfileEntry, ...] = Field(description="flag sets serving this count within the quality and "
+                                                        "latency rules, fastest first")
+    excluded: dict[str, str] = Field(default={}, description="flag sets that served it but were too slow")
+
+
+class CardProfile(Record):
+    card: str
+    capacity_bytes: int | None
+    counts: tuple[CountProfile, ...]
+
+
+class Profiles(Record):
+    """profiles.json: per card and reference count, what a deployment or topology planner can use."""
+
+    run_id: str
+    schema_version: int = PROFILES_VERSION
+    cards: tuple[CardProfile, ...]

@@ -62,7 +62,7 @@ def test_offload_too_slow_is_not_built() -> None:
              step("host", "offload", 1, wall=9.0), step("host", "offload", 2, wall=9.0)]
     v = decide("c", steps, [session("default", "default"), session("host", "offload")], RULES)
     assert v.world == World.NOT_BUILT and "too slow: latency ratio 9.00 [9.00–9.00]" in v.reason
-    assert v.evidence["flag_sets"]["host"]["stop"] == "quality"
+    assert v.evidence["flag_sets"]["host"]["stop"] == "latency"  # its own reason, not quality
 
 
 def test_broken_output_does_not_count_as_served() -> None:
@@ -224,7 +224,7 @@ def test_an_undecided_offload_flag_set_is_not_called_non_offload() -> None:
 def test_ratio_interval_clearly_over_rejects_that_flag_set() -> None:
     v = decide("c", _latency_case((3.0, 3.3, 3.1, 3.2)), SESSIONS, RULES)  # 3.0/1.1 = 2.73 > 2.5
     assert v.world == World.NOT_BUILT
-    assert v.evidence["flag_sets"]["host"]["stop"] == "quality" and "too slow" in v.reason
+    assert v.evidence["flag_sets"]["host"]["stop"] == "latency" and "too slow" in v.reason
 
 
 def test_without_a_common_count_the_baseline_wall_time_is_the_reference() -> None:

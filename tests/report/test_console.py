@@ -16,7 +16,7 @@ from rich.console import Console
 from runner.cli import invoked_as
 from runner.progress import ProgressView, column_widths, verdict_line
 from runner.records import Status
-from runner.verdict import Verdict, World
+from runner.verdict import Latency, Verdict, World
 
 from .test_plots import step
 
@@ -88,16 +88,17 @@ def test_a_start_failure_gives_its_reason_on_its_line() -> None:
 
 
 def test_verdict_line_says_the_reference_count_of_each_figure() -> None:
+    # the console line is the report table's summary (runner.verdict_text): each figure with its count
     ev = {"peak_bytes": 7.36 * 2**20, "peak_source": "server-response", "wall_s": 0.84, "psnr_db": 100.0,
           "latency_ratio": 1.34, "latency_reference": {"wall_s": 0.47, "what": "default 'default' at 2 "
                                                        "reference(s), both sides at 2", "references": 2}}
-    v = Verdict("cpu-tight", World.OFFLOAD_WORKS, 4, "cond-host", "", evidence=ev, cells=(), notes=())
+    lat = Latency(1.34, 1.2, 1.5, "default 'default' at 2 reference(s), both sides at 2", 0.47, (4, 4), 2)
+    v = Verdict("cpu-tight", World.OFFLOAD_WORKS, 4, "cond-host", "", evidence=ev, cells=(), notes=(), latency=lat)
     line = verdict_line(v)
-    assert line == ("cpu-tight: offload-works (cond-host) — at 4 refs: peak 7.36 MiB (server-response), "
-                    "0.84 s/request, PSNR 100.0 dB; at 2 refs: 1.34× the default's latency")
-    same = verdict_line(replace(v, evidence={**ev, "latency_reference": {**ev["latency_reference"],
-                                                                         "references": 4}}))
-    assert same.endswith("PSNR 100.0 dB; 1.34× the default's latency")
+    assert line == ("cpu-tight: offload-works (cond-host) — cond-host serves 4 refs at peak 7.36 MiB, "
+                    "0.84 s/request at 4, 1.34× the default's latency at 2 refs")
+    base = replace(lat, reference="the baseline's recorded wall time (0.5 s) at 4 reference(s)", references=4)
+    assert verdict_line(replace(v, latency=base)).endswith("1.34× the baseline's recorded latency at 4 refs")
 
 
 def test_the_resume_command_is_the_program_as_invoked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
