@@ -14,7 +14,7 @@ from runner import quote
 from runner.events import Events
 from runner.pending import step_done as decided
 from runner.records import Status, StepRecord
-from runner.units import fmt_bytes, fmt_s
+from runner.units import clip, fmt_bytes, fmt_s
 from runner.verdict import Verdict
 from runner.verdict_text import console_line
 
