@@ -80,3 +80,25 @@ def test_run_json_as_runinfo_writes_it_is_the_declared_record(matrix_dir: Path) 
     record = RunRecord.from_json(doc)  # a key runinfo writes but the record does not declare is a TypeError
     out = json.loads(json.dumps({**record.to_json(), "finished_at": 2.0, "resumes": [{"at_iso": "x"}]}))
     jsonschema.validate(out, json.loads(PUBLISHED.read_text()))
+
+
+FINDINGS = PUBLISHED.parent / "findings.schema.json"
+
+
+def test_committed_findings_schema_matches_the_declaration() -> None:
+    assert FINDINGS.read_text() == schemagen.render_findings(), \
+        "runner/schema/findings.schema.json drifted: python -m runner.schemagen findings > " \
+        "runner/schema/findings.schema.json"
+
+
+def test_an_oom_failure_with_its_anatomy_validates_and_round_trips() -> None:
+    from runner.findings.oom import read_oom
+
+    log = (Path(__file__).parent / "fixtures" / "oom" / "qwen-default.txt").read_text()
+    failure = Failure(FailureClass.OOM, "HTTP 500", ("CUDA out",), 500, None, read_oom(log=log))
+    record = StepRecord(key="c/f/refs-4/fx-seed-1", card="c", flags="f", role="default", fixture="fx",
+                        references=4, seed=1, status=Status.FAILED, failure=failure)
+    doc = json.loads(json.dumps(record.to_json()))
+    jsonschema.validate(doc, json.loads(PUBLISHED.read_text()))
+    assert doc["failure"]["oom"]["tried_bytes"] == 480 * 2**20
+    assert StepRecord.from_json(doc) == record
