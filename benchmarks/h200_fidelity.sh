@@ -105,6 +105,7 @@ EOF
     tar czf "$OUT/seed-emulated-h200.tar.gz" --exclude='refs-*/*.png' -C "$results" . 2>>"$SUMMARY"
 }
 
+[ "${BASH_SOURCE[0]}" = "$0" ] || return 0  # sourced (benchmarks/h200_findings.sh): the functions only
 case "${1:-all}" in
     prep) prep ;;
     bench) setup; bench; cat "$OUT"/pinned-pool.txt "$OUT"/whole-device.txt | grep '^|' ;;

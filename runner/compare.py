@@ -18,13 +18,14 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from runner.errors import UserError
 from runner.units import fmt_bytes, fmt_s
-from runner.verdict import Cell, World, ratio_interval
+from runner.verdict import Blocked, Cell, World, ratio_interval
+from runner.verdict_text import stops_text
 
 Key = tuple[str, str, int]  # card, flag set, reference count
 PEAK_NOISE = 0.02  # relative
@@ -37,6 +38,7 @@ class RunSummary:
     run_id: str
     worlds: dict[str, World]
     cells: dict[Key, Cell]
+    stops: dict[str, tuple[Blocked, ...]] = field(default_factory=dict)  # per card, from evidence.flag_sets
 
 
 @dataclass(frozen=True)
@@ -105,13 +107,15 @@ def load_summary(run_dir: Path) -> RunSummary:
         doc: dict[str, Any] = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise UserError(f"{path}: cannot read verdicts ({exc}); run `runner report {run_dir}` first") from None
-    worlds, cells = {}, {}
+    worlds, cells, stops = {}, {}, {}
     for v in doc["verdicts"]:
         worlds[v["card"]] = World(v["world"])
+        stories = (v.get("evidence") or {}).get("flag_sets", {})
+        stops[v["card"]] = tuple(Blocked.from_json(f, b) for f, b in stories.items() if isinstance(b, dict))
         for c in v["cells"]:
             cell = Cell(**{**c, "steps": tuple(c["steps"]), "walls_s": tuple(c.get("walls_s", ()))})
             cells[(v["card"], cell.flags, cell.references)] = cell
-    return RunSummary(doc["run_id"], worlds, cells)
+    return RunSummary(doc["run_id"], worlds, cells, stops)
 
 
 def changes(a: RunSummary, b: RunSummary) -> tuple[list[CellChange], float, int]:
@@ -156,11 +160,12 @@ def band_line(band: float, timed: int) -> str:
 def render(a: RunSummary, b: RunSummary, *, show_all: bool = False) -> str:
     every, band, timed = changes(a, b)
     lines = [f"# {a.run_id} → {b.run_id} — {band_line(band, timed)}", "",
-             "| card | verdict before | verdict after |", "|---|---|---|"]
+             "| card | verdict before | verdict after | flag sets after (the report's words) |", "|---|---|---|---|"]
     for card in sorted(a.worlds.keys() | b.worlds.keys()):
         before, after = a.worlds.get(card), b.worlds.get(card)
         mark = "" if before == after else " ⚠️ changed"
-        lines.append(f"| {card} | {before or '–'} | {after or '–'}{mark} |")
+        words = stops_text(b.stops.get(card, ())).replace("|", "/") or "–"
+        lines.append(f"| {card} | {before or '–'} | {after or '–'}{mark} | {words} |")
     moved = [ch for ch in every if ch.what_changed()]
     noise = f"×/÷ {band:.2f} band" if band > 1 else "within-run spread (no run-to-run band)"
     lines += ["", f"{len(moved)} of {len(every)} cell(s) changed beyond noise"

@@ -222,6 +222,13 @@ class Blocked:
                 "server_says": list(self.server_says), "cause": self.cause, "references": self.references,
                 "detail": self.detail}
 
+    @classmethod
+    def from_json(cls, flags: str, d: dict[str, Any], role: str = "") -> Blocked:
+        """A stop from verdict.json's evidence.flag_sets (earlier runs: no cause, the words fall back to the
+        stop)."""
+        return cls(flags, role, Stop(d["stop"]), d.get("why", ""), d.get("record"), tuple(d.get("server_says", ())),
+                   d.get("cause", ""), d.get("references"), d.get("detail"))
+
 
 @dataclass(frozen=True)
 class Latency:

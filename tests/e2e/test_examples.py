@@ -30,3 +30,37 @@ def test_local_example_shows_all_three_worlds(tmp_path: Path) -> None:
     for s in steps:
         png = run_dir / f"{s['key']}.png"
         assert png.is_file() == (s["status"] == "ok"), s["key"]
+    report = (run_dir / "report.md").read_text()
+    _glance(report, {"cpu-roomy": 5, "cpu-tight": 5, "cpu-tiny": 5})
+    assert report.count("### Findings") == 3
+    assert "Where a fix would go" in report and "`runner/refserver/" in report  # cpu-tiny: its contribution sites
+    profiles = json.loads((run_dir / "profiles.json").read_text())
+    assert [c["card"] for c in profiles["cards"]] == ["cpu-roomy", "cpu-tight", "cpu-tiny"]
+
+
+def _glance(report: str, flag_sets: dict[str, int]) -> None:
+    """The report's first table reads at a glance: no "why" cell over 300 characters, and each card's cell
+    names every one of its flag sets (the deciding one, and each other one's stop)."""
+    rows = [ln for ln in report.splitlines() if ln.startswith("| ") and " | **" in ln][:len(flag_sets)]
+    assert len(rows) == len(flag_sets)
+    for row in rows:
+        card, _, _, why = (c.strip() for c in row.strip("|").split(" | ", 3))
+        assert len(why) <= 300, (card, len(why), why)
+        named = [part for part in why.split("; ")]
+        assert len(named) >= flag_sets[card], (card, why)
+
+
+def test_seed_emulated_example_reads_at_a_glance(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "runner", str(ROOT / "examples" / "seed-emulated.toml"),
+                           "--results", str(tmp_path), "--no-progress"], capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    (run_dir,) = tmp_path.glob("seed-emulated-*")
+    doc = json.loads((run_dir / "verdict.json").read_text())
+    sets = {v["card"]: len({c["flags"] for c in v["cells"]}) for v in doc["verdicts"]}
+    _glance((run_dir / "report.md").read_text(), sets)
+    console = [ln for ln in proc.stdout.splitlines() if ln.split(":")[0] in sets]
+    for v in doc["verdicts"]:  # the console names each stop in the report's words
+        line = next(ln for ln in console if ln.startswith(v["card"] + ":"))
+        row = next(ln for ln in (run_dir / "report.md").read_text().splitlines() if ln.startswith(f"| {v['card']} |"))
+        assert line.split(" — ", 1)[1] in row.replace("/", "|") or line.split(" — ", 1)[1] in row

@@ -68,6 +68,13 @@ def test_not_built_card_names_its_site_cost_per_reference_and_shortfall(tmp_path
         server = "ref"
         vram_mib = 5.0
 
+        [servers.omni-shaped]
+        command = ["{{python}}", "{Path(__file__).parent / 'fake_vllm_omni_oom.py'}"]
+
+        [cards.omni]
+        server = "omni-shaped"
+        vram_gib = 24
+
         [flags.default]
         role = "default"
 
@@ -126,6 +133,14 @@ def test_not_built_card_names_its_site_cost_per_reference_and_shortfall(tmp_path
     (load_site,) = tiny["contribution_sites"]
     assert load_site["site"].startswith("runner/refserver/engine.py:") and load_site["function"] == "_load"
     assert load_site["references"] == [None] and tiny["functional"]["works"] is None
+
+    # a vLLM-Omni-shaped log (worker prefixes, interleaved lines, a wheel install): the site under vllm_omni/
+    omni = verdicts["omni"]["findings"]
+    (omni_site,) = omni["contribution_sites"]
+    assert omni_site["site"] == "vllm_omni/diffusion/models/qwen_image/pipeline_qwen_image_edit_plus.py:742"
+    assert omni_site["tried_bytes"] == [480 * 2**20]
+    session = json.loads((run / "omni/default/session.json").read_text())
+    assert session["starts"][-1]["failure"]["oom"]["allowed_bytes"] == round(4.49 * 2**30)
 
     profiles = json.loads((run / "profiles.json").read_text())
     jsonschema.validate(profiles, {**FINDINGS_SCHEMA, "oneOf": [{"$ref": "#/$defs/Profiles"}]})

@@ -151,5 +151,5 @@ def test_latency_interval_under_straddling_and_over_the_limit(tmp_path: Path) ->
     assert "straddles 2: rerun with more repeats" in straddles["reason"]
     over = verdicts["over"]
     assert over["world"] == "not-built", over["reason"]
-    assert over["evidence"]["flag_sets"]["host-over"]["stop"] == "quality" and "too slow" in over["reason"]
+    assert over["evidence"]["flag_sets"]["host-over"]["stop"] == "latency" and "too slow" in over["reason"]
     print({c: v["reason"] for c, v in verdicts.items()})
