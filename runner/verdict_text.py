@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from runner import quote
 from runner.failures import without_stamp
 from runner.units import clip, fmt_bytes, fmt_s
 
@@ -132,6 +133,8 @@ def stops_text(stops: Sequence[Blocked]) -> str:
 
 # --- Findings: the seed's analysis, as sentences over the records --------------------------------------
 
+code, md = quote.code, quote.markdown  # report.md: what came from a record or a server renders as itself
+
 CAPACITY_WORDS = {"oom-allowed": "the per-process cap its OOM message states",
                   "oom-total": "the GPU capacity its OOM message states", "card": "the card's vram"}
 
@@ -161,7 +164,7 @@ def _oom_sentence(flags: str, m: MemoryModel) -> str | None:
         parts.append(f"{size(oom.allocated_bytes)} allocated by PyTorch")
     if oom.reserved_unallocated_bytes is not None:
         parts.append(f"{size(oom.reserved_unallocated_bytes)} reserved but unallocated")
-    site = f" in `{oom.site}` ({oom.function})" if oom.site else " (no site: the log of its window has no " \
+    site = f" in {code(oom.site)} ({code(oom.function)})" if oom.site else " (no site: the log of its window has no " \
                                                                   "traceback with a server frame)"
     text = f"It ran out of memory {_where(oom)}{site}" + (": " + ", ".join(parts) if parts else "") + "."
     fixed, slope = m.fixed_bytes, m.per_reference_bytes
@@ -181,7 +184,7 @@ def _oom_sentence(flags: str, m: MemoryModel) -> str | None:
 def flag_set_sentence(flags: str, role: str, m: MemoryModel) -> str:
     """One flag set's memory in plain sentences: load, what one more reference costs, the target against
     the capacity that binds, and the OOM that stopped it."""
-    out = [f"**{flags}** ({role}):"]
+    out = [f"**{md(flags)}** ({md(role)}):"]
     if m.load_peak_bytes is not None:
         out.append(f"loads at {size(m.load_peak_bytes)};")
     if m.peaks:
@@ -189,7 +192,7 @@ def flag_set_sentence(flags: str, role: str, m: MemoryModel) -> str:
         span = (f"peaks at {size(first.bytes)} with {_refs(first.references)}" if first is last else
                 f"peaks at {size(first.bytes)} with {_refs(first.references)} up to {size(last.bytes)} "
                 f"with {_refs(last.references)}")
-        out.append(f"{span} ({m.source}).")
+        out.append(f"{span} ({md(m.source)}).")
     else:
         out.append("no request came back with an image, so no peak per reference count.")
     if m.per_reference_bytes is not None:
@@ -217,14 +220,14 @@ def flag_set_sentence(flags: str, role: str, m: MemoryModel) -> str:
 
 def _functional(f: Functional) -> str:
     if f.works:
-        return (f"The reference path works: `{f.record}` ({f.flags}, {_refs(f.references)}) was the first "
+        return (f"The reference path works: {code(f.record)} ({md(f.flags)}, {_refs(f.references)}) was the first "
                 f"request with references to come back with a usable image.")
     if f.works is False and f.server_says is None:
-        return (f"No request with references came back with a usable image: `{f.record}` ({f.flags}, "
-                f"{_refs(f.references)}) was the first to come back, {f.why}.")
+        return (f"No request with references came back with a usable image: {code(f.record)} ({md(f.flags)}, "
+                f"{_refs(f.references)}) was the first to come back, {md(f.why)}.")
     if f.works is False:
-        return (f"Requests with references fail before memory is the question: `{f.record}` ({f.flags}, "
-                f"{_refs(f.references)}); the server says `{clip(f.server_says or '', 200)}`.")
+        return (f"Requests with references fail before memory is the question: {code(f.record)} ({md(f.flags)}, "
+                f"{_refs(f.references)}); the server says {code(clip(f.server_says or '', 200))}.")
     return ("No request with references came back with an image, and every failure was out of memory: "
             "whether the reference path works is not known on this card.")
 
@@ -233,10 +236,10 @@ def _sites(v: Verdict) -> list[str]:
     assert v.findings is not None
     out = []
     for c in v.findings.contribution_sites:
-        who = ", ".join(f"{f} {'at load' if n is None else 'at ' + _refs(n)}"
+        who = ", ".join(f"{md(f)} {'at load' if n is None else 'at ' + _refs(n)}"
                         + (f" (tried {size(t)})" if t is not None else "")
                         for f, n, t in zip(c.flag_sets, c.references, c.tried_bytes, strict=True))
-        out.append(f"- `{c.site}` in `{c.function}` stopped {who}.")
+        out.append(f"- {code(c.site)} in {code(c.function)} stopped {who}.")
     return out
 
 
@@ -252,7 +255,7 @@ def findings_lines(v: Verdict) -> list[str]:
     if v.world == "not-built":
         lines += ["", "Where a fix would go (the distinct OOM sites that stopped its default and offload flag "
                       "sets):" if sites else "No contribution site: no default or offload flag set was stopped "
-                      "by an OOM whose traceback has a server frame" + (f" ({', '.join(f.no_site_ooms)})"
+                      "by an OOM whose traceback has a server frame" + (f" ({md(', '.join(f.no_site_ooms))})"
                                                                         if f.no_site_ooms else "") + "."]
         lines += sites
     elif sites:
@@ -261,9 +264,9 @@ def findings_lines(v: Verdict) -> list[str]:
         removed = fr.a_reserved_unallocated_bytes - fr.b_reserved_unallocated_bytes
         tail = (f"; still short with {size(fr.b_allocated_bytes)} allocated" if fr.b_still_short
                 and fr.b_allocated_bytes is not None else "; still short" if fr.b_still_short
-                else f"; '{fr.b}' did not run out at or below the target")
+                else f"; '{md(fr.b)}' did not run out at or below the target")
         verdict = "fragmentation was part of the problem" if removed > 0 else "fragmentation was not the problem"
-        lines.append(f"- Allocator settings: '{fr.b}' against '{fr.a}' changed reserved-but-unallocated memory at "
-                     f"the OOM from {size(fr.a_reserved_unallocated_bytes)} to "
+        lines.append(f"- Allocator settings: '{md(fr.b)}' against '{md(fr.a)}' changed reserved-but-unallocated "
+                     f"memory at the OOM from {size(fr.a_reserved_unallocated_bytes)} to "
                      f"{size(fr.b_reserved_unallocated_bytes)} ({verdict}){tail}.")
     return lines

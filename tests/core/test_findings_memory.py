@@ -118,9 +118,10 @@ def test_findings_sentences_are_the_records_numbers() -> None:
     m = v.findings.flag_sets["default"].memory
     assert f"One more reference costs {size(m.per_reference_bytes)}" in text
     assert f"short by {size(m.shortfall_bytes)}" in text and "(the per-process cap its OOM message states)" in text
-    assert "`/home/user/probe/qwen_oom.py:29` in `run` stopped default at 4 refs (tried 480.00 MiB)" in text
+    assert ("<code>/home/user/probe/qwen_oom.py:29</code> in <code>run</code> stopped default at 4 refs "
+            "(tried 480.00 MiB)") in text
     assert "246.14 MiB reserved but unallocated" in text
-    assert text.startswith("The reference path works: `c/default/refs-1/f-seed-1`")
+    assert text.startswith("The reference path works: <code>c/default/refs-1/f-seed-1</code>")
 
 
 def test_profiles_list_who_serves_each_count_fastest_first_and_drop_the_too_slow() -> None:
