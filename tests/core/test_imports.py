@@ -36,6 +36,20 @@ FORBIDDEN = {
     "runner.rescore": ("runner.execute", "runner.app", "runner.cli"),
     "runner.execute": ("runner.app", "runner.cli", "runner.report", "runner.progress", "runner.exporter"),
     "runner.app": ("runner.cli",),
+    # the findings and the verdict's words are pure: records in, typed findings and text out
+    "runner.findings.models": ("runner.",),
+    "runner.findings.oom": ("runner.execute", "runner.app", "runner.cli", "runner.store", "runner.meters",
+                            "runner.backends", "runner.verdict", "httpx"),
+    "runner.findings.traceback": ("runner.execute", "runner.app", "runner.cli", "runner.store", "runner.meters",
+                                  "runner.backends", "runner.verdict", "httpx"),
+    "runner.findings.memory": ("runner.execute", "runner.app", "runner.cli", "runner.store", "runner.meters",
+                               "runner.backends", "runner.verdict", "httpx"),
+    "runner.findings.build": ("runner.execute", "runner.app", "runner.cli", "runner.store", "runner.meters",
+                              "runner.backends", "runner.verdict", "httpx"),
+    "runner.findings.profiles": ("runner.execute", "runner.app", "runner.cli", "runner.store", "runner.meters",
+                                 "runner.backends", "runner.report", "httpx"),
+    "runner.verdict_text": ("runner.execute", "runner.app", "runner.cli", "runner.store", "runner.meters",
+                            "runner.backends", "runner.report", "runner.progress", "httpx"),
     "runner.reach": ("runner.execute", "runner.app", "runner.cli", "runner.store", "runner.meters"),
 }
 
