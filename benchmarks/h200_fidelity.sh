@@ -7,6 +7,8 @@
 #   bash benchmarks/h200_fidelity.sh prep        # HERE, once: cp312 wheels the device lacks -> .whl/h200/
 #   bash benchmarks/h200_fidelity.sh [all]       # ON THE DEVICE (carry .whl): bench, then the example
 #   bash benchmarks/h200_fidelity.sh bench|seed|capseed  # one part only (e.g. a second call if `all` ran out of time)
+#   SEED_BUDGET_S=400 bash benchmarks/h200_fidelity.sh seed   # the example alone within an 8-minute call
+#                                                             # (issue 19: the emulated 5080, one model on both)
 #
 # The device has python3.12 and torch (CUDA) but no fastapi/uvicorn/pydantic/docker/jsonschema and no
 # registry: `prep` downloads those wheels here (versions of this checkout's venv), the device installs them
@@ -95,6 +97,13 @@ for card, gib in cap.items():
         for start in s["starts"]:
             peaks += [(q["bytes"], s["key"] + " (load)", "load") for q in start["load_peaks"]
                       if q["source"] == "nvml" and q["available"]]
+    verdicts = json.loads((run / "verdict.json").read_text())["verdicts"] if (run / "verdict.json").exists() else []
+    v = next((x for x in verdicts if x["card"] == card), None)
+    starts = [json.loads(p.read_text()) for p in run.glob(f"{card}/*/session.json")]
+    at_load = sorted(s["flags"] for s in starts if s["starts"] and (s["starts"][0].get("failure") or {}).get("kind")
+                     == "oom_at_load")
+    print(f"{card}: verdict {v['world'] if v else 'none'}; out of memory at load under "
+          f"{len(at_load)} of {len(starts)} flag set(s) started{': ' + ', '.join(at_load) if at_load else ''}")
     if not peaks:
         print(f"{card}: no NVML peaks recorded"); continue
     b, key, status = max(peaks)
@@ -109,7 +118,7 @@ EOF
 case "${1:-all}" in
     prep) prep ;;
     bench) setup; bench; cat "$OUT"/pinned-pool.txt "$OUT"/whole-device.txt | grep '^|' ;;
-    seed) setup; seed 570; cat "$SUMMARY" ;;
+    seed) setup; seed "${SEED_BUDGET_S:-570}"; cat "$SUMMARY" ;;
     capseed) setup; cap; seed $((570 - SECONDS)); cat "$SUMMARY"; grep -h '^|' "$OUT"/whole-device.txt ;;
     all) setup; bench; left=$((570 - SECONDS)); [ "$left" -gt 30 ] || left=30; seed "$left"; cat "$SUMMARY"; grep -h '^|' "$OUT"/pinned-pool.txt "$OUT"/whole-device.txt ;;
     *) echo "usage: $0 prep|all|bench|seed|capseed" >&2; exit 2 ;;

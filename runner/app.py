@@ -16,7 +16,7 @@ import statistics
 import sys
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from runner import preflight, runinfo
@@ -125,6 +125,9 @@ def finish(store: RunStore, matrix: Matrix, *, rescore: bool = True) -> list:
     allocator = allocator_pairs((f.name, f.args, f.env) for f in matrix.flags.values())
     verdicts = decide_all(steps, sessions, matrix.verdict, list(dict.fromkeys(s.card for s in steps)), wall,
                           capacities, allocator)
+    # A baseline cell on a card with another server: the report says its scores compare two servers.
+    verdicts = [replace(v, notes=(*v.notes, note)) if (note := baseline.cell_mismatch(matrix, v.card)) else v
+                for v in verdicts]
     store.write_verdicts([v.to_json() for v in verdicts])
     store.write_profiles(profiles(store.load_run()["run_id"], verdicts, matrix.verdict, capacities)
                          .model_dump(mode="json"))
@@ -181,6 +184,11 @@ def run(matrix_path: str, *, results: str | None = None, resume: str | None = No
         todo = check_reachable(opened.matrix, todo, skip_unreachable=skip_unreachable)
     opened.store.write_run(RunRecord.from_json(opened.run_doc).to_json())
     print(banner(opened, todo), file=sys.stderr)
+    from runner.baseline import cell_mismatch
+
+    for card in opened.matrix.axes.cards:  # said before the run, not only in the report an hour later
+        if note := cell_mismatch(opened.matrix, card):
+            print(f"runner: warning: {note}", file=sys.stderr)
     if todo.steps:
         _reap_leftovers(opened.matrix, todo)
     view = ProgressView(enabled=progress)

@@ -47,3 +47,41 @@ def find(samples: list[Sample], fixture: str, references: int, seed: int) -> Sam
     exact = [s for s in samples if s.fixture == fixture and s.seed == seed and s.references == references]
     loose = [s for s in samples if s.fixture == fixture and s.seed == seed and s.references is None]
     return (exact or loose or [None])[0]
+
+
+def cell_mismatch(matrix: Any, card: str) -> str | None:
+    """Why `card`'s images are not comparable with the baseline cell's beyond its flags, or None: the cell's
+    card runs a different server (command template, image, served model, or env) — then a low PSNR measures
+    two models, not a flag set (the seed-emulated example once scored a 16 GiB preset against a 24 GiB one).
+    Placeholders ({port}, {gpu}, {vram_gib}, ...) are the card's own values and not compared."""
+    b = matrix.baseline
+    if not b or not b.cell or b.cell[0] is None or b.cell[0] == card:
+        return None
+    base_card, flags = b.cell
+    mine, theirs = matrix.cards[card], matrix.cards[base_card]
+    a, z = matrix.servers[mine.server], matrix.servers[theirs.server]
+    diffs = []
+    if a.command != z.command:
+        diffs.append(f"command `{_first_difference(a.command, z.command)}` vs "
+                     f"`{_first_difference(z.command, a.command)}`")
+    if a.model != z.model:
+        diffs.append(f"model '{a.model}' vs '{z.model}'")
+    if a.image != z.image:
+        diffs.append(f"image {a.image or 'none'} vs {z.image or 'none'}")
+    env_a, env_z = {**a.env, **mine.env}, {**z.env, **theirs.env}
+    changed = sorted(k for k in env_a.keys() | env_z.keys() if env_a.get(k) != env_z.get(k))
+    if changed:
+        diffs.append("env " + ", ".join(changed))
+    if not diffs:
+        return None
+    return (f"baseline cell {base_card}/{flags} runs another server than {card} (server '{mine.server}' vs "
+            f"'{theirs.server}': {'; '.join(diffs)}), not only other flag args: {card}'s PSNR and SSIM compare "
+            f"different servers' images, not a flag set's effect")
+
+
+def _first_difference(mine: tuple[str, ...], theirs: tuple[str, ...]) -> str:
+    """The first word of `mine` that differs from `theirs` at the same place (or `mine`'s extra tail)."""
+    for i, word in enumerate(mine):
+        if i >= len(theirs) or word != theirs[i]:
+            return " ".join(mine[max(0, i - 1): i + 2])
+    return "(shorter)"

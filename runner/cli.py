@@ -172,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except BrokenPipeError:  # `runner plan m.toml | head`: the reader left; no traceback for that
+        sys.stderr.close()
+        return 0
     except UserError as exc:
         for line in str(exc).splitlines() or [""]:  # one line per problem (several unreachable cards)
             print(f"runner: error: {quote.console(line)}", file=sys.stderr)  # may quote a file's or server's text

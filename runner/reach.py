@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from runner import quote
 from runner.matrix import Matrix
 from runner.registry import BACKENDS, METERS, load
 from runner.units import clip
@@ -90,9 +91,9 @@ def probe(how: str | None, url: str, timeout_s: float) -> str | None:
 
 
 def one_line(text: str) -> str:
-    """Untrusted text (a remote error) for the console: control characters made inert, bounded."""
-    text = "".join(c if c.isprintable() else " " for c in text)
-    return clip(text, CAUSE_CHARS)
+    """Untrusted text (a remote error) for the console: line breaks as spaces, every other control character
+    a visible escape (runner.quote), bounded."""
+    return clip(quote.console(" ".join(text.splitlines())), CAUSE_CHARS)
 
 
 def _probe_http(url: str, timeout_s: float) -> str | None:

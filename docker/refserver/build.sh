@@ -6,6 +6,7 @@
 #   docker/refserver/build.sh            # build what is missing
 #   FORCE=1 docker/refserver/build.sh    # rebuild the refserver image (the base is still reused)
 #   FORCE=1 NO_CACHE=1 docker/refserver/build.sh   # ... without the engine's layer cache
+#   KEEP_STAGE=1 STAGE_IMAGE=runner-refserver-venv:dev docker/refserver/build.sh   # keep the venv stage, tagged
 #
 # Env: BASE_IMAGE (runner-base:bookworm), IMAGE (runner-refserver:dev), MIRROR (from apt sources),
 #      PYTHON (the host interpreter that makes the wheelhouse; must be CPython 3.11 like bookworm's),
@@ -16,6 +17,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 BASE_IMAGE="${BASE_IMAGE:-runner-base:bookworm}"
 IMAGE="${IMAGE:-runner-refserver:dev}"
+STAGE_IMAGE="${STAGE_IMAGE:-runner-refserver-venv:build-$$}"  # the venv stage, only while this build runs
 PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
 [ -x "$PYTHON" ] || PYTHON=python3
 WHEELS="$HERE/wheelhouse"
@@ -99,9 +101,15 @@ build_image() {
   fi
   t0=$(date +%s)
   make_wheelhouse
+  # The venv stage first, under a tag of its own: the legacy builder keeps every stage as an image, and an
+  # untagged 1.4 GB one would be left behind. The final build reuses it from the layer cache; it is removed
+  # below (KEEP_STAGE=1 keeps it: a later source change then skips the dependency install).
+  docker build -q ${NO_CACHE:+--no-cache} --build-arg "BASE=$BASE_IMAGE" --target venv -t "$STAGE_IMAGE" "$HERE" \
+    >/dev/null
   # Build untagged, smoke-check, then tag: a broken build never becomes "up to date".
   local id
-  id="$(docker build -q ${NO_CACHE:+--no-cache} --build-arg "BASE=$BASE_IMAGE" --label "runner.source-hash=$hash" "$HERE")"
+  id="$(docker build -q --build-arg "BASE=$BASE_IMAGE" --label "runner.source-hash=$hash" "$HERE")"
+  [ -n "${KEEP_STAGE:-}" ] || docker rmi "$STAGE_IMAGE" >/dev/null || log "could not remove $STAGE_IMAGE"
   # Smoke check: the entry point starts with only what is inside the image, and no network.
   docker run --rm --network none "$id" python -c 'import importlib, pkgutil, runner.refserver as p
 for m in pkgutil.iter_modules(p.__path__, "runner.refserver."):

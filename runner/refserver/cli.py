@@ -55,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="module-level offload: blocks' weights live on the host and move to the device "
                          "together for each request (as vLLM-Omni swaps whole components); layerwise wins "
                          "when both are given")
+    ap.add_argument("--init-on-device", action="store_true",
+                    help="materialize every parameter, unquantized, on the device before quantization or offload "
+                         "(vLLM-Omni 8484d85d's init_parameters): a model larger than the card fails at load "
+                         "under every flag set, as the seed's 16 GB card did")
     ap.add_argument("--enforce-eager", action="store_true", help="accepted: this server never compiles")
     ap.add_argument("--omni", action="store_true", help="accepted: this server is always an omni server")
     ap.add_argument("--log-stats", action="store_true",
@@ -100,7 +104,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                         seed_weights=args.seed_weights, log_level=args.log_level,
                         faults=FaultPlan.parse(args.fault), api=args.api, log_stats=args.log_stats,
                         oom_reply=oom_reply, whole_device=args.cap_scope == "whole-device",
-                        pinned_pool=args.pinned_pool)
+                        pinned_pool=args.pinned_pool, init_on_device=args.init_on_device)
 
 
 def setup_logging(level: str) -> None:

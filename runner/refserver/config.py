@@ -97,6 +97,9 @@ class ServerConfig:
     oom_reply: str = "detailed"  # detailed: the 500 carries the OOM text (0.30); mangled: log only (2025-12)
     whole_device: bool = True  # CUDA cap covers the CUDA context too (as a real card of vram_gib would)
     pinned_pool: bool = True  # host cond cache reuses one pinned buffer instead of one per request
+    # vLLM-Omni 8484d85d's init_parameters: the whole unquantized parameter set is materialized on the device
+    # before quantization or offload engage (the seed's 16 GB card failed there under every flag set)
+    init_on_device: bool = False
 
     @property
     def cpu_offload(self) -> bool:

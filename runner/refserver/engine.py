@@ -312,6 +312,8 @@ class Engine:
         with torch.device("meta"):
             model = RefServerDiT(p)
         self.params = sum(t.numel() for t in model.parameters())
+        if cfg.init_on_device:
+            self._materialize_skeleton()
         units: list[tuple[str, nn.Module, int | None]] = [
             (name, m, None) for name, m in model.named_children() if name != "blocks"
         ] + [(f"blocks.{i}", b, i) for i, b in enumerate(model.blocks)]
@@ -338,6 +340,18 @@ class Engine:
         model.eval()
         self.load_seconds = time.perf_counter() - t0
         return model
+
+    def _materialize_skeleton(self) -> None:
+        """Every parameter at once, unquantized in the compute dtype, on the device (then released): what
+        vLLM-Omni 8484d85d's init_parameters holds before quantization or offload engage. Past the cap this
+        raises the allocator's own out-of-memory error, as a load failure."""
+        nbytes = self.params * self.elem
+        if self.device.type == "cuda":
+            skeleton = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+            del skeleton
+            torch.cuda.empty_cache()
+        else:
+            self.mem.free(self.mem.alloc(nbytes, "the unquantized parameter skeleton (init on device)"))
 
     def warm_up(self) -> None:
         """CUDA: one one-step request at the seed's size, so the kernels PyTorch loads lazily for large shapes

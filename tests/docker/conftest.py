@@ -42,6 +42,9 @@ def refserver_image(docker_client: docker.DockerClient) -> str:
     if proc.returncode != 0:
         pytest.fail(f"{BUILD} failed ({proc.returncode}) after {time.monotonic() - t0:.0f} s:\n"
                     f"{proc.stderr[-3000:]}")
+    # The build leaves no untagged stage image behind (the legacy builder keeps every stage as one: 1.4 GB).
+    stages = docker_client.images.list(filters={"dangling": True, "label": "runner.build-stage=refserver-venv"})
+    assert not stages, f"{BUILD} left untagged build-stage images: {[i.short_id for i in stages]}"
     return IMAGE
 
 

@@ -137,10 +137,48 @@ def test_every_endpoint_a_card_names_is_probed(tmp_path: Path) -> None:
                      ("all", "Prometheus", "http://monitor:9090/api/v1/query?query=1")]  # 'plain' names no meter
     assert reach.ssh_argv("ssh://u@gpu-host:2222")[-7:] == ["-p", "2222", "--", "gpu-host", "docker", "version",
                                                             "--format", "{{.Server.Version}}"][-7:]
-    assert reach.one_line("a\x1b[31mred\nline\x00") == "a [31mred line"
+    assert reach.one_line("a\x1b[31mred\nline\x00") == "a\\x1b[31mred line\\x00"
 
 
 def test_the_flag_is_in_the_help() -> None:
     out = subprocess.run([sys.executable, "-m", "runner", "run", "--help"], capture_output=True, text=True,
                          timeout=60).stdout
     assert "--skip-unreachable" in out
+
+
+def test_a_baseline_cell_of_another_server_is_said_before_the_run_and_in_the_report(tmp_path: Path) -> None:
+    """Card 'other' runs a differently sized model than the baseline cell's card: its PSNR compares two models'
+    images. The run warns before it starts, verdict.json and report.md carry the note for that card only."""
+    import json
+
+    path = matrix(tmp_path, """
+        [servers.bigger]
+        command = ["{python}", "-m", "runner.refserver", "--port", "{port}", "--preset", "tiny", "--dim", "128",
+                   "--vram-gib", "{vram_gib}"]
+
+        [cards.base]
+        server = "ref"
+        vram_gib = 1
+
+        [cards.other]
+        server = "bigger"
+        vram_gib = 1
+
+        [flags.default]
+        role = "default"
+
+        [baseline]
+        cell = "base/default"
+
+        [matrix]
+        references = [1]
+        """)
+    proc, run_dir = run(path)
+    warnings = [ln for ln in proc.stderr.splitlines() if ln.startswith("runner: warning: baseline cell")]
+    assert len(warnings) == 1 and "than other (server 'bigger' vs 'ref'" in warnings[0], proc.stderr
+    notes = {v["card"]: v["notes"] for v in json.loads((run_dir / "verdict.json").read_text())["verdicts"]}
+    assert not any("runs another server" in n for n in notes["base"])
+    assert any("runs another server" in n for n in notes["other"])
+    report = (run_dir / "report.md").read_text()
+    other = report[report.index("## other"):]
+    assert "runs another server than other" in other
