@@ -25,10 +25,16 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 @cache
-def load(target: str) -> Any:
-    """The object a "module:attribute" names (imported now, not when the entry was declared)."""
+def load(target: str | Callable[..., Any]) -> Any:
+    """The object a "module:attribute" names (imported now, not when the entry was declared); an entry made
+    at run time (a plugin, a test) may name the object itself."""
+    if not isinstance(target, str):
+        return target
     module, _, attr = target.partition(":")
     return getattr(importlib.import_module(module), attr)
+
+
+Target = str | Callable[..., Any]  # "module:attribute", or the object itself
 
 
 class Options(BaseModel):
@@ -99,7 +105,7 @@ class MeterEntry:
     [min_hz, max_hz]; a source that cannot run there returns an UnavailableMeter with the reason."""
 
     name: str
-    factory: str | None  # "module:function"; None: a source that is recorded, never listed (server-response)
+    factory: Target | None  # "module:function"; None: a source that is recorded, never listed (server-response)
     scope: Literal["device", "process"]  # whole device (every process on the GPU) or the server's own figure
     rank: int  # preference among equally fast sources: lower is closer to the GPU
     glossary: str  # what it reads (report glossary, plot notes)
@@ -110,7 +116,7 @@ class MeterEntry:
     after_ready: bool = False  # reads the server's own endpoint: no reading before its port opens (load)
     refines: str | None = None  # a per-request figure recorded right before this polled source's peak
     reach: tuple[str, str] | None = None  # (what, path): preflight GETs the options' URL + path before a run
-    idle: str | None = None  # "module:function"(card) -> IdleBaseline: who holds the device before a start
+    idle: Target | None = None  # "module:function"(card) -> IdleBaseline: who holds the device before a start
     options: type[Options] | None = None  # the card keys it needs when the card lists it
     listed: bool = True  # a card may name it in `meters`
 
@@ -228,18 +234,18 @@ class BackendEntry:
     process/container; the running server checks before every probe that what answers is its own."""
 
     name: str
-    factory: str  # "module:Class" of a runner.backends.base.RunningServer
+    factory: Target  # "module:Class" of a runner.backends.base.RunningServer
     options: type[BackendOptions]  # the card keys it reads
     bind_host: str  # what {host} in the server's command becomes: where the server listens
     reaches: str  # how the runner reaches the server (docs, plan)
     needs_image: bool = False  # the server profile must name an image
-    reap: str | None = None  # "module:function"(options: list[BackendOptions]) -> list[str]: leftovers stopped
-    preflight: str | None = None  # "module:function"(matrix, plan) -> None, raising UserError
+    reap: Target | None = None  # "module:function"(options: list[BackendOptions]) -> list[str]: leftovers stopped
+    preflight: Target | None = None  # "module:function"(matrix, plan) -> None, raising UserError
     start_line: Callable[[Any], str] | None = None  # the plan's "starts (...)" text for a ServerPlan
     # "module:function"(options) -> (what, address) | None: the host preflight reaches before a run (its
     # probe is the backend's `probe`, "module:function"(address, timeout_s) -> cause | None)
-    endpoint: str | None = None
-    probe: str | None = None
+    endpoint: Target | None = None
+    probe: Target | None = None
 
 
 def _local_line(server: Any) -> str:
