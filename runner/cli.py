@@ -23,7 +23,7 @@ EXIT_HELP = """exit status of a run:
        does not answer (one line per card; --skip-unreachable runs the other cards)
   130  interrupted (Ctrl-C): finished steps kept, partial report written, resume command printed"""
 
-COMMANDS = ("run", "plan", "report", "compare", "provision", "refserver", "meter")
+COMMANDS = ("run", "plan", "report", "compare", "schema", "provision", "refserver", "meter")
 
 
 def invoked_as(argv0: str | None = None, executable: str | None = None) -> list[str]:
@@ -101,6 +101,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_schema(args: argparse.Namespace) -> int:
+    from runner import schemas
+
+    for path in schemas.write(Path(args.out) if args.out else schemas.FOLDER):
+        print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="runner", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -133,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--out", help="also write the markdown to this file")
     compare.add_argument("--all", action="store_true", help="list every cell, not only changes beyond noise")
     compare.set_defaults(func=cmd_compare)
+    schema = sub.add_parser("schema", help="write the JSON Schemas of the records and verdict.json")
+    schema.add_argument("--out", metavar="DIR", help="folder to write them to (default: the package's runner/schema)")
+    schema.set_defaults(func=cmd_schema)
     sub.add_parser("refserver", help="the reference diffusion server (see `runner refserver --help`)",
                    add_help=False)
     sub.add_parser("provision", help="provision the GPU hosts with ansible/provision.yml (ansible-runner)",

@@ -4,11 +4,13 @@ what the records write."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
 
-from runner import schemagen
+from runner import schemagen, schemas
 from runner.records import (
     SCHEMA_VERSION,
     Failure,
@@ -102,3 +104,12 @@ def test_an_oom_failure_with_its_anatomy_validates_and_round_trips() -> None:
     jsonschema.validate(doc, json.loads(PUBLISHED.read_text()))
     assert doc["failure"]["oom"]["tried_bytes"] == 480 * 2**20
     assert StepRecord.from_json(doc) == record
+
+
+def test_runner_schema_writes_every_published_schema(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "runner", "schema", "--out", str(tmp_path)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for name, text in schemas.texts().items():
+        assert (tmp_path / name).read_text() == text
+        assert (PUBLISHED.parent / name).read_text() == text, f"runner/schema/{name} drifted: run `runner schema`"
