@@ -54,9 +54,35 @@ def is_local(docker_host: str | None) -> bool:
     return url.scheme in ("unix", "npipe") or (url.hostname or "") in LOOPBACK
 
 
+def _ssh_close(self: Any) -> None:
+    """docker-py 7's shell-out SSHSocket.close writes two newlines to the ssh process's stdin on every call and never
+    closes it: once ssh has exited, a later close (the pool's, or garbage collection's after the test summary)
+    raises BrokenPipeError, printed as "Exception ignored in ..." (docker/docker-py#3218). Here a pipe to an
+    ssh that is gone is not an error, and the pipe is closed, so a second close does nothing."""
+    proc = self.proc
+    if not proc or proc.stdin.closed:
+        return
+    try:
+        proc.stdin.write(b"\n\n")
+        proc.stdin.flush()
+    except (BrokenPipeError, ValueError):  # the ssh process already exited (or closed its end)
+        pass
+    finally:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+        proc.terminate()
+
+
+def _tolerate_closed_ssh() -> None:
+    from docker.transport import sshconn
+
+    sshconn.SSHSocket.close = _ssh_close  # type: ignore[method-assign]
+
+
 def connect(docker_host: str | None, timeout: int = 60) -> docker.DockerClient:
     url = engine_url(docker_host)
     if url.startswith("ssh://"):
+        _tolerate_closed_ssh()
         return docker.DockerClient(base_url=url, use_ssh_client=True, timeout=timeout)
     if docker_host is None:
         return docker.from_env(timeout=timeout)  # honours DOCKER_HOST/DOCKER_TLS_VERIFY/DOCKER_CERT_PATH
