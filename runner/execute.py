@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -23,7 +24,7 @@ from PIL import Image
 from runner import backends, baseline, bounded, dialects, policy, scoring
 from runner.backends.base import Attempt, RunningServer, StartFailed
 from runner.events import Events
-from runner.failures import classify_request, references_dropped
+from runner.failures import classify_request, error_lines, references_dropped, without_stamp
 from runner.matrix import Matrix
 from runner.meters import Meter, build_meters, idle_baseline
 from runner.pending import Pending, pending
@@ -416,7 +417,7 @@ class _Server:
                 Failure(FailureClass.LOAD_EXIT, f"{type(exc).__name__}: {exc}"[:500]))
             self.server.stop()
         self.t_ready = time.time()
-        why = None if self.failure is None else f"{self.failure.kind}: {self.failure.message}"
+        why = None if self.failure is None else start_failure_line(self.failure)
         r.ctx.events.session_ready(r.card.name, r.flags.name, self.ready_s, why)
         self.checkpoint(force=True)
         return None if self.failure is None else self.failure.kind
@@ -531,6 +532,16 @@ class _MemoryTicker:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=2)
+
+
+def start_failure_line(failure: Failure) -> str:
+    """A start failure for the console's one line: its class and message, and the server's own error line
+    when the message does not already end with it ("oom_at_load: out of memory at load — model load failed:
+    CUDA out of memory. Tried to allocate …")."""
+    said = next(iter(error_lines("\n".join(failure.evidence))), "")
+    said = re.sub(r"^(ERROR|CRITICAL|FATAL)\s+[\w.-]+:\s*", "", without_stamp(said))  # "ERROR refserver: "
+    text = f"{failure.kind}: {failure.message}"
+    return f"{text} — {said}" if said and said not in failure.message else text
 
 
 def run_plan(ctx: RunContext) -> list[SessionRecord]:

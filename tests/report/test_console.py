@@ -115,3 +115,18 @@ def test_the_resume_command_is_the_program_as_invoked(tmp_path: Path, monkeypatc
     assert invoked_as(str(script), "/usr/bin/python3") == ["runner"]  # found on PATH: the short name
     main = str(Path(__file__).resolve().parents[2] / "runner" / "__main__.py")
     assert invoked_as(main, str(venv / "python")) == [".venv/bin/python", "-m", "runner"]
+
+
+def test_a_start_failure_line_carries_the_servers_own_error() -> None:
+    from runner.execute import start_failure_line
+    from runner.records import Failure, FailureClass
+
+    oom = Failure(FailureClass.OOM_AT_LOAD, "out of memory at load",
+                  ("2026-12-01 09:43:02,123 ERROR refserver: model load failed: CUDA out of memory. Tried to "
+                   "allocate 1.06 MiB. GPU 0 has a total capacity of 5.00 MiB",))
+    assert start_failure_line(oom) == ("oom_at_load: out of memory at load — model load failed: CUDA out of memory. "
+                                       "Tried to allocate 1.06 MiB. GPU 0 has a total capacity of 5.00 MiB")
+    gone = Failure(FailureClass.LOAD_EXIT, "server exited with code 1 before it was ready: ModuleNotFoundError: "
+                   "No module named 'x'", ("Traceback (most recent call last):", "ModuleNotFoundError: No module "
+                                            "named 'x'"))
+    assert start_failure_line(gone).count("ModuleNotFoundError") == 1  # already in the message: not twice
