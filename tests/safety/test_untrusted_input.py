@@ -325,3 +325,33 @@ def test_item14_a_crafted_card_name_never_makes_the_report_write_outside_the_run
     after = {p for p in tmp_path.rglob("*") if run not in p.parents}
     assert after == before, sorted(map(str, after - before))
     assert not (tmp_path / "outside").exists()
+
+
+# -- item 1, end to end: a bad gauge reading neither ends the run nor becomes a peak ----------------------
+def test_item1_a_gauge_beyond_int64_or_negative_never_ends_the_run_nor_makes_a_peak(tmp_path: Path) -> None:
+    head = MATRIX.split("[servers.h]")[0].format(results=tmp_path / "results")
+    tail = "[flags.default]" + MATRIX.split("[flags.default]")[1].format(ref=REF).replace("{{", "{")
+    cards = "".join(f"""
+        [servers.{card}]
+        command = ["{{python}}", "{HOSTILE}", "--port", "{{port}}", "--mode", "ok", "--metrics={gauge}"]
+
+        [cards.{card}]
+        server = "{card}"
+        vram_gib = 1
+        meters = ["server", "host"]
+        """ for card, gauge in (("huge", "1e30"), ("negative", "-5e9")))  # 1e30 B ≥ 2^63; -5e9 B ≈ -4768 MiB
+    path = tmp_path / "matrix.toml"
+    path.write_text(textwrap.dedent(head) + textwrap.dedent(cards) + textwrap.dedent(tail))
+    proc = subprocess.run([sys.executable, "-m", "runner", str(path), "--no-progress"], capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    run = next((tmp_path / "results").glob("u-*"))
+    verdicts = {v["card"]: v for v in json.loads((run / "verdict.json").read_text())["verdicts"]}
+    for card, why in (("huge", "beyond any memory"), ("negative", "is negative")):
+        step = json.loads((run / card / "default/refs-1/one-seed-1.json").read_text())
+        server = next(p for p in step["peaks"] if p["source"] == "server")
+        assert step["status"] == "ok" and not server["available"] and server["bytes"] is None, server
+        assert why in server["reason"], server["reason"]
+        assert (run / card / "default" / "memory.csv").read_text().startswith("t,attempt")
+        assert verdicts[card]["world"] == "fits-resident" and (verdicts[card]["evidence"].get("peak_bytes") or 0) >= 0
+    assert "peak -" not in proc.stdout
