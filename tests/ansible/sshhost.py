@@ -80,18 +80,39 @@ def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 10
             time.sleep(0.1)
 
 
+# useradd's exit codes: 9 the name (or its user group) is taken, 10 /etc/passwd is locked by another useradd.
+USERADD_NAME_TAKEN, USERADD_LOCKED = 9, 10
+
+
+def create_user(groups: tuple[str, ...] = ("docker",), attempts: int = 20) -> str:
+    """A new user with a random name that no other test run (someone else's, started at the same time) holds.
+
+    useradd itself is the arbiter: it takes /etc/passwd's lock and refuses a name that exists, so a clash is
+    never shared, only retried with a new name (64 random bits: a clash is already unlikely)."""
+    for _ in range(attempts):
+        user = f"rtest-{uuid.uuid4().hex[:16]}"
+        # Password "*": no password login, but not "locked" (sshd without PAM refuses locked accounts' keys too).
+        p = subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", "--password", "*",
+                            *(["--groups", ",".join(groups)] if groups else []), user],
+                           capture_output=True, text=True)
+        if p.returncode == 0:
+            return user
+        if p.returncode not in (USERADD_NAME_TAKEN, USERADD_LOCKED):
+            raise RuntimeError(f"useradd {user}: {p.stderr.strip()}")
+        time.sleep(0.2)
+    raise RuntimeError(f"useradd: no free user name after {attempts} attempts")
+
+
 @contextmanager
 def ssh_host(workdir: Path) -> Iterator[SshHost]:
-    user = f"rtest-{uuid.uuid4().hex[:6]}"
     workdir.mkdir(parents=True, exist_ok=True)
-    # Password "*": no password login, but not "locked" (sshd without PAM refuses locked accounts' keys too).
-    subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", "--groups", "docker", "--password", "*", user],
-                   check=True, capture_output=True)
+    user = create_user()
     pw = pwd.getpwnam(user)
     uid, home = pw.pw_uid, Path(pw.pw_dir)
     run_dir = Path(f"/run/user/{uid}")
     cgroups = [root / f"runner-test-{user}" for root in CGROUP_ROOTS]
     procs: list[subprocess.Popen] = []
+    made: list[Path] = []  # cgroups this test created: only those are emptied and removed
     try:
         for key in ("host_key", "client_key"):
             subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "runner-test", "-f",
@@ -140,7 +161,8 @@ Host 127.0.0.1
         run_dir.mkdir(mode=0o700, exist_ok=True)
         os.chown(run_dir, uid, pw.pw_gid)
         for cg in cgroups:
-            cg.mkdir(exist_ok=True)
+            cg.mkdir()  # the name is this test's user's: a leftover would be someone else's, never reused
+            made.append(cg)
             for p in [cg, *cg.iterdir()]:
                 os.chown(p, uid, pw.pw_gid)
         enter = " ".join(f"echo $$ > {cg}/cgroup.procs;" for cg in cgroups)
@@ -169,8 +191,8 @@ Host 127.0.0.1
             except subprocess.TimeoutExpired:
                 p.kill()
         # Whatever is still in the manager's cgroups was started there by this test: end those PIDs.
-        for cg in cgroups:
-            for procs_file in cg.rglob("cgroup.procs") if cg.exists() else ():
+        for cg in made:
+            for procs_file in cg.rglob("cgroup.procs"):
                 for pid in procs_file.read_text().split():
                     with suppress(ProcessLookupError):
                         os.kill(int(pid), 9)
@@ -183,7 +205,7 @@ Host 127.0.0.1
             except (FileNotFoundError, ProcessLookupError):
                 pass
         time.sleep(0.5)
-        for cg in cgroups:
+        for cg in made:
             if cg.exists():
                 for d in sorted((p for p in cg.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
                     d.rmdir()
