@@ -199,7 +199,8 @@ def test_serving_image_would_rebuild_other_pins(tmp_path: Path, inventory, pinne
     r = run_playbook(tmp_path, inventory(), "serving_image",
                      {"serving_image_name": pinned_test_image, "serving_image_vllm_version": "0.30.0",
                       "serving_image_build_dir": str(build_dir)}, check=True)
-    assert r.ok, r.failures
+    # Not the pinned image: NOT READY in --check too (a real run would build it).
+    assert not r.ok and "localhost NOT READY: serving_image: serving_image: --check:" in "\n".join(r.summary)
     assert "present with other pins" in r.stdout and "would build (check mode)" in r.stdout
     assert not build_dir.exists()  # --check wrote nothing and built nothing
 

@@ -151,7 +151,14 @@ def test_check_diff_on_a_fresh_host_finishes_and_lists_the_changes(world, tmp_pa
     ev = {**world["ev"], "docker_require_nvidia": False, "serving_image_build": True,
           "serving_image_build_dir": str(host.home / ".cache/runner/build/vllm-omni")}
     r = run_playbook(tmp_path, world["inv_one"], "all", ev, check=True, diff=True)
-    assert r.rc == 0 and r.ok, (r.failures, r.summary, r.stdout[-3000:])
+    # A fresh host is not ready, --check or not: what a real run would do is NOT READY, and the run fails.
+    summary = "\n".join(r.summary)
+    assert r.rc != 0, (r.failures, summary, r.stdout[-3000:])
+    assert "rtx3090 READY: preflight, docker, assets" in summary, summary
+    assert "rtx3090 NOT READY: meters_sidecar: meters: --check: runner-meter.service on rtx3090 is inactive" in summary
+    assert "rtx3090 NOT READY: serving_image: serving_image: --check:" in summary, summary
+    assert "localhost NOT READY: monitoring: monitoring: --check:" in summary, summary
+    assert "next: this was --check, nothing was changed; to apply: ansible-playbook -i" in summary
     out = r.stdout
     # Every change is listed: the Prometheus block as a diff, the unit file, the archive, venv, systemd, build.
     assert "+# BEGIN runner scrape jobs" in out and "+  - job_name: runner-sidecar" in out
