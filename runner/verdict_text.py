@@ -164,8 +164,7 @@ def _oom_sentence(flags: str, m: MemoryModel) -> str | None:
         parts.append(f"{size(oom.allocated_bytes)} allocated by PyTorch")
     if oom.reserved_unallocated_bytes is not None:
         parts.append(f"{size(oom.reserved_unallocated_bytes)} reserved but unallocated")
-    site = f" in {code(oom.site)} ({code(oom.function)})" if oom.site else " (no site: the log of its window has no " \
-                                                                  "traceback with a server frame)"
+    site = f" in {code(oom.site)} ({code(oom.function)})" if oom.site else f" (no site: {md(oom.no_site)})"
     text = f"It ran out of memory {_where(oom)}{site}" + (": " + ", ".join(parts) if parts else "") + "."
     fixed, slope = m.fixed_bytes, m.per_reference_bytes
     if oom.references is not None and fixed is not None and slope is not None and m.capacity_bytes is not None:

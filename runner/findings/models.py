@@ -76,6 +76,7 @@ class OomFacts(Record):
     in_use_bytes: int | None = None
     capacity_bytes: int | None = Field(default=None, description="what bound: the per-process cap where the "
                                                                  "message names one, else the GPU's total")
+    no_site: str | None = Field(default=None, description="why there is no site")
 
 
 class MemoryModel(Record):
