@@ -155,6 +155,19 @@ def _where(oom: OomFacts) -> str:
     return "at load" if oom.references is None else f"at {_refs(oom.references)}"
 
 
+def _load_need(oom: OomFacts, capacity_source: str | None) -> tuple[int, str] | None:
+    """What a load OOM already held, on the capacity's own basis: under a per-process cap PyTorch's reserved
+    memory (allocated + reserved but unallocated) counts against it; against the GPU's total, the process's
+    whole use (non-PyTorch memory included)."""
+    if oom.tried_bytes is None or oom.capacity_bytes is None:
+        return None
+    if capacity_source == "oom-allowed":
+        if oom.allocated_bytes is None or oom.reserved_unallocated_bytes is None:
+            return None
+        return oom.allocated_bytes + oom.reserved_unallocated_bytes, "reserved by PyTorch"
+    return (oom.in_use_bytes, "in use") if oom.in_use_bytes is not None else None
+
+
 def _oom_sentence(flags: str, m: MemoryModel) -> str | None:
     oom = m.oom
     if oom is None:
@@ -166,6 +179,11 @@ def _oom_sentence(flags: str, m: MemoryModel) -> str | None:
         parts.append(f"{size(oom.reserved_unallocated_bytes)} reserved but unallocated")
     site = f" in {code(oom.site)} ({code(oom.function)})" if oom.site else f" (no site: {md(oom.no_site)})"
     text = f"It ran out of memory {_where(oom)}{site}" + (": " + ", ".join(parts) if parts else "") + "."
+    if oom.references is None and (need := _load_need(oom, m.capacity_source)) is not None:
+        held, cap = need[0], oom.capacity_bytes or 0
+        text += (f" Loading needs at least {size(held + (oom.tried_bytes or 0))} ({size(held)} {need[1]} + "
+                 f"{size(oom.tried_bytes)}) against {size(cap)} usable: short by at least "
+                 f"{size(held + (oom.tried_bytes or 0) - cap)}.")
     fixed, slope = m.fixed_bytes, m.per_reference_bytes
     if oom.references is not None and fixed is not None and slope is not None and m.capacity_bytes is not None:
         at_oom = fixed + slope * oom.references

@@ -137,3 +137,28 @@ def test_profiles_list_who_serves_each_count_fastest_first_and_drop_the_too_slow
     assert [e.flags for e in one.serve] == ["default", "host"] and "slow" in one.excluded
     assert [e.flags for e in two.serve] == ["default"] and "host" in two.excluded  # 4.0 / 1.2 = 3.3 > 2.5
     assert one.serve[1].headroom_bytes == 3 * GIB - GIB // 2 and one.serve[1].latency_ratio == 1.5
+
+
+def test_a_load_oom_says_how_short_loading_is_and_where() -> None:
+    # the seed's 5080: every flag set out of memory at init, 96 MiB short of room, in vLLM-Omni's init path
+    message = ("(EngineCore_0 pid=9) Traceback (most recent call last):\n"
+               '(EngineCore_0 pid=9)   File "/opt/venv/lib/python3.12/site-packages/vllm_omni/diffusion/models/'
+               'utils.py", line 163, in init_parameters\n'
+               "(EngineCore_0 pid=9)     param.data = torch.empty_like(param, device=device)\n"
+               "(EngineCore_0 pid=9) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 96.00 MiB. GPU 0 "
+               "has a total capacity of 15.47 GiB of which 33.06 MiB is free. Including non-PyTorch memory, this "
+               "process has 15.43 GiB memory in use. Of the allocated memory 15.01 GiB is allocated by PyTorch, and "
+               "12.34 MiB is reserved by PyTorch but unallocated.\n")
+    failure = Failure(FailureClass.OOM_AT_LOAD, "out of memory at load", (), None, 1, read_oom(log=message))
+    sess = SessionRecord("c/default", "c", "default", "default", "local", (ServerStart(0, 0.0, None, failure),))
+    skipped = StepRecord(key="c/default/refs-1/f-seed-1", card="c", flags="default", role="default", fixture="f",
+                         references=1, seed=1, status=Status.SKIPPED, skip_reason="server did not start")
+    v = decide("c", [skipped], [sess], RULES, capacity_bytes=16 * GIB)
+    assert v.world == "not-built" and v.findings is not None
+    (site,) = v.findings.contribution_sites
+    assert (site.site, site.function, site.references) == ("vllm_omni/diffusion/models/utils.py:163",
+                                                            "init_parameters", (None,))
+    text = "\n".join(findings_lines(v))
+    assert ("Loading needs at least 15.52 GiB (15.43 GiB in use + 96.00 MiB) against 15.47 GiB usable: short by at "
+            "least") in text
+    assert "every failure was out of memory" in text  # functional: not known, memory came first
