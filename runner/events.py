@@ -11,6 +11,8 @@ class Events:
 
     def lane_started(self, lane: str, cards: tuple[str, ...], total_steps: int) -> None: ...
     def session_started(self, card: str, flags: str, attempt: int) -> None: ...
+    def waiting(self, card: str, text: str) -> None:
+        """The card's lane waits for something outside the runner (a Slurm allocation): why, in words."""
     # ready_s None: the server did not start; `why` then says why (failure class and the server's own line)
     def session_ready(self, card: str, flags: str, ready_s: float | None, why: str | None = None) -> None: ...
     def step_done(self, record: StepRecord) -> None: ...
@@ -31,6 +33,10 @@ class Fanout(Events):
     def session_started(self, card: str, flags: str, attempt: int) -> None:
         for x in self.listeners:
             x.session_started(card, flags, attempt)
+
+    def waiting(self, card: str, text: str) -> None:
+        for x in self.listeners:
+            x.waiting(card, text)
 
     def session_ready(self, card: str, flags: str, ready_s: float | None, why: str | None = None) -> None:
         for x in self.listeners:

@@ -9,6 +9,7 @@ the next request is in flight.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import re
@@ -30,7 +31,7 @@ from runner.meters import Meter, build_meters, idle_baseline
 from runner.pending import Pending, pending
 from runner.plan import Plan, Session, Step
 from runner.records import Failure, FailureClass, Peak, ServerStart, SessionRecord, Status, StepRecord
-from runner.registry import METERS
+from runner.registry import BACKENDS, METERS, load
 from runner.store import RunStore
 from runner.units import slug
 
@@ -553,7 +554,12 @@ def run_plan(ctx: RunContext) -> list[SessionRecord]:
     def lane_job(lane_index: int) -> list[SessionRecord]:
         lane = lanes[lane_index]
         ctx.events.lane_started(lane.name, lane.cards, sum(len(s.steps) for s in lane.sessions))
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="score") as scorer:
+        with contextlib.ExitStack() as held, ThreadPoolExecutor(max_workers=1, thread_name_prefix="score") as scorer:
+            # What a backend holds for the whole lane (slurm: its allocations), released when the lane ends.
+            for backend in dict.fromkeys(s.server.backend for s in lane.sessions if s.server is not None):
+                scope = BACKENDS.get(backend).lane
+                if scope is not None:
+                    held.enter_context(load(scope)(lane, ctx))
             # After an interrupt, later sessions still record their steps as skipped ("run interrupted")
             # without starting anything, so the partial report shows what was not done.
             out = [SessionRunner(ctx, s, refs, baselines, scorer).run_session() for s in lane.sessions]

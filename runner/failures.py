@@ -10,9 +10,15 @@ line, an ERROR-level log line — what a reader needs to see why, without openin
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from runner.findings.oom import read_oom
 from runner.records import Failure, FailureClass
+from runner.slurm.parse import cluster_end
+
+# slurmstepd's end-of-step cause → the failure class (the scheduler ended it; it says nothing about memory)
+CLUSTER_CLASS = {"cancelled": FailureClass.CANCELLED, "preempted": FailureClass.PREEMPTED,
+                 "time_limit": FailureClass.TIME_LIMIT, "node_failure": FailureClass.NODE_FAILURE}
 
 OOM_PATTERN = re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory", re.IGNORECASE)
 
@@ -69,6 +75,9 @@ def classify_request(*, http_status: int | None, body: str, log_window: str, tim
     if oom_killed:  # the engine says so (docker's State.OOMKilled): an OOM, of host memory, not a crash
         return Failure(FailureClass.OOM, f"server {HOST_OOM}, during the request",
                        log_oom or _evidence(log_window), http_status, server_exit)
+    ended = _ended_by_scheduler(log_window) if (server_exit is not None or http_status is None) else None
+    if ended is not None and not log_oom:
+        return ended
     if server_exit is not None:
         if log_oom:
             return Failure(FailureClass.OOM, f"server exited with code {server_exit} during the request",
@@ -121,6 +130,9 @@ def references_dropped(*, log_window: str, sent: int, http_status: int | None) -
 def classify_start(*, exit_code: int | None, oom_killed: bool, timed_out: bool, log_tail: str) -> Failure:
     """A server that never became ready → why."""
     ooms = oom_lines(log_tail)
+    ended = _ended_by_scheduler(log_tail, "before it was ready")
+    if ended is not None and not ooms:
+        return replace(ended, exit_code=exit_code)
     if ooms or oom_killed:
         what = HOST_OOM if oom_killed and not ooms else "out of memory at load"
         return Failure(FailureClass.OOM_AT_LOAD, what, ooms or tail(log_tail), None, exit_code,
@@ -131,6 +143,18 @@ def classify_start(*, exit_code: int | None, oom_killed: bool, timed_out: bool, 
     return Failure(FailureClass.LOAD_EXIT,
                    _with_cause(f"server exited with code {exit_code} before it was ready", log_tail),
                    _evidence(log_tail), None, exit_code)
+
+
+def _ended_by_scheduler(text: str, when: str = "during the request") -> Failure | None:
+    """The scheduler's own line that it ended the server (Slurm: `*** STEP 12.0 ON n1 CANCELLED AT ... DUE
+    TO PREEMPTION ***`) → that class, the line first in the evidence; None when no scheduler ended it."""
+    end = cluster_end(text)
+    if end is None:
+        return None
+    what = {"cancelled": "cancelled by the scheduler (scancel)", "preempted": "preempted by the scheduler",
+            "time_limit": "ended by the scheduler at the allocation's time limit",
+            "node_failure": "lost with its node (node failure)"}[end.cause]
+    return Failure(CLUSTER_CLASS[end.cause], f"server {what} {when}", (end.line, *tail(text, 4)))
 
 
 def tail(text: str, lines: int = 8) -> tuple[str, ...]:

@@ -446,7 +446,7 @@ def _card(file: Path, name: str, t: _Table, servers: Mapping[str, ServerProfile]
         if m.name in meters or given:
             missing = next((k for k in m.options.model_fields if k not in given
                             and m.options.model_fields[k].is_required()), None)
-            if missing and m.name in meters:
+            if missing and m.name in meters and not (m.name == "sidecar" and entry.starts_sidecar):
                 raise t.err(missing, f"is required when meters includes '{m.name}'")
             if not missing:
                 meter_options[m.name] = _options(t, m.options, given)

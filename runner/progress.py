@@ -114,6 +114,11 @@ class ProgressView(Events):
         label = f"{self._label(card, flags)} loading{' (restart ' + str(attempt) + ')' if attempt else ''}"
         self.progress.update(self.tasks[card], session=label, memory="mem – (loading)")
 
+    def waiting(self, card: str, text: str) -> None:
+        # On the bar while it lasts, and one line per change so a CI log shows how long the queue held it.
+        self.progress.update(self.tasks[card], session=text, memory="")
+        self.console.print(f"{card}: {text}", highlight=False, markup=False)
+
     def session_ready(self, card: str, flags: str, ready_s: float | None, why: str | None = None) -> None:
         self.loading[card] = False
         text = (f"{self._label(card, flags)} ready in {fmt_s(ready_s)} s" if ready_s is not None

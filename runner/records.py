@@ -111,6 +111,11 @@ class FailureClass(StrEnum):
     # 200 with an image, but the server served fewer references than were sent (vLLM-Omni 0.30 logs "Failed
     # to decode reference image" and drops it): the step did not test n references, so it never counts at n
     REFERENCES_DROPPED = "references_dropped"
+    # The scheduler ended the server (Slurm's slurmstepd says so in the step's log): nothing about memory
+    CANCELLED = "cancelled"  # its job or step was cancelled (scancel) by someone else
+    PREEMPTED = "preempted"  # a higher-priority job took the allocation
+    TIME_LIMIT = "time_limit"  # the allocation's time limit was reached
+    NODE_FAILURE = "node_failure"  # the node failed or was lost
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ the matrix, planning and reporting never pull in httpx, docker or NVML.
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -246,6 +247,10 @@ class BackendEntry:
     # probe is the backend's `probe`, "module:function"(address, timeout_s) -> cause | None)
     endpoint: Target | None = None
     probe: Target | None = None
+    # "module:function"(lane, run context) -> context manager: what a lane holds while its sessions run
+    # (slurm: the lane's allocations, released when the lane ends)
+    lane: Target | None = None
+    starts_sidecar: bool = False  # the backend starts `runner meter` beside each server itself (no sidecar_url)
 
 
 def _local_line(server: Any) -> str:
@@ -292,3 +297,80 @@ for _dialect in (
                  "multipart images/edits, one image[] part per reference"),
 ):
     DIALECTS.register(_dialect)
+
+
+_SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$|^(UNLIMITED|INFINITE)$", re.IGNORECASE)
+_GRES = re.compile(r"^(gres[:/])?gpu(:[A-Za-z0-9_.-]+)?(:\d+)?$|^[A-Za-z][A-Za-z0-9_.-]*$")
+
+
+class SlurmOptions(BackendOptions):
+    """A card submitted through Slurm: one allocation per lane, one job step per server start."""
+
+    partition: str  # the partition the lane's allocation is asked of
+    gres: str  # "gpu:rtx3090:1", "gpu:1", or a GPU type name ("rtx3090" = gpu:rtx3090:1)
+    account: str | None = None
+    qos: str | None = None
+    time_limit: str | None = None  # sbatch --time: "30", "1:30:00", "1-00:00:00"
+    constraint: str | None = None  # sbatch --constraint (node features)
+    sbatch_args: tuple[str, ...] = ()  # more sbatch arguments for the allocation, as given
+    srun_args: tuple[str, ...] = ()  # more srun arguments for every step (server and meter)
+    meter_args: tuple[str, ...] = ()  # more `runner meter` arguments for the sidecar step (e.g. --hz 200)
+    python: str | None = None  # the interpreter on the compute nodes that has runner installed (default: this one)
+
+    @field_validator("partition", "account", "qos", "constraint")
+    @classmethod
+    def _word(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z0-9_.,:|&*!\[\]-]+", v):
+            raise ValueError("must be a Slurm name (letters, digits, _ . - and, for constraint, & | , [ ])")
+        return v
+
+    @field_validator("gres")
+    @classmethod
+    def _gres(cls, v: str) -> str:
+        if not _GRES.match(v):
+            raise ValueError("must be gpu[:TYPE][:COUNT] or a GPU type name")
+        return v
+
+    @field_validator("time_limit")
+    @classmethod
+    def _time(cls, v: str | None) -> str | None:
+        if v is not None and not _SLURM_TIME.match(v):
+            raise ValueError("must be a Slurm time (minutes, MM:SS, HH:MM:SS, D-HH[:MM[:SS]] or UNLIMITED)")
+        return v
+
+    @field_validator("sbatch_args", "srun_args")
+    @classmethod
+    def _not_ours(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        # The runner owns these: the ownership marks, where output goes, and which job a step joins.
+        owned = ("--job-name", "-J", "--comment", "--output", "-o", "--error", "-e", "--jobid", "--parsable",
+                 "--wrap")
+        bad = next((a for a in v if a.split("=", 1)[0] in owned), None)
+        if bad:
+            raise ValueError(f"must not set {bad.split('=', 1)[0]} (the runner sets it)")
+        return v
+
+    @property
+    def gres_request(self) -> str:
+        """What sbatch --gres gets: a bare type name is one GPU of that type."""
+        if ":" in self.gres or self.gres == "gpu":
+            return self.gres.removeprefix("gres:").removeprefix("gres/")
+        return f"gpu:{self.gres}:1"
+
+    def host(self) -> str:
+        return f"slurm:{self.partition}"
+
+    def where(self) -> str:
+        return f"slurm partition {self.partition}, gres {self.gres_request}"
+
+
+def _slurm_line(server: Any) -> str:
+    o = server.options
+    return (f"a job step in the lane's allocation (partition {o.partition}, gres {o.gres_request}), on a port "
+            f"chosen on its node")
+
+
+BACKENDS.register(BackendEntry("slurm", "runner.backends.slurm:SlurmServer", SlurmOptions, "0.0.0.0",
+                               "a job step on the node Slurm allocated, at the port the step chose there",
+                               reap="runner.backends.slurm:reap", preflight="runner.backends.slurm:preflight",
+                               start_line=_slurm_line, lane="runner.backends.slurm:lane",
+                               starts_sidecar=True))

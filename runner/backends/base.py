@@ -112,6 +112,11 @@ class RunningServer(ABC):
     def info(self) -> dict[str, Any]:
         return {}
 
+    def meter_url(self, meter: str) -> tuple[str | None, str | None]:
+        """(url, why not) of a meter this backend started beside the server itself (slurm: the sidecar
+        step); (None, None) when it starts none and the card's own URL applies."""
+        return None, None
+
     def foreign_answer(self) -> str | None:
         """Why the process answering on the server's address is not the one this runner started, or None.
 

@@ -15,7 +15,12 @@ def build_meter(name: str, card: Card, server: RunningServer | None, hz: float) 
     if name not in METERS or METERS.get(name).factory is None:
         return UnavailableMeter(name, "device", f"unknown meter '{name}'")
     entry = METERS.get(name)
-    if entry.options is not None and name not in card.meter_options:
+    provided = server.meter_url(name) if server is not None else (None, None)
+    if provided != (None, None):
+        url, why = provided
+        if url is None:
+            return UnavailableMeter(name, entry.metric, why or "the backend's meter did not start")
+    elif entry.options is not None and name not in card.meter_options:
         return UnavailableMeter(name, entry.metric, f"card has no {', '.join(entry.options.model_fields)}")
     meter: Meter = load(entry.factory or "")(card, server, entry.clamp(hz))
     return meter

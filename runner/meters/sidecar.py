@@ -232,7 +232,7 @@ def main(argv: list[str]) -> int:
         from runner.meters.nvml import open_source
 
         try:
-            source = open_source(args.gpu)
+            source = open_source(args.gpu or None)  # "": the step had no GPU named
         except SourceUnavailable as exc:
             print(f"runner meter: {exc}", file=sys.stderr)
             return 2

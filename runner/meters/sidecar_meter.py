@@ -184,7 +184,8 @@ def _url(card: Card) -> str:
 
 def build(card: Card, server: RunningServer | None, hz: float) -> Meter:
     """The registry's factory: polls the card's sidecar at `hz` (clamped to 2–10 Hz there)."""
-    return SidecarMeter(_url(card), poll_hz=hz)
+    url = server.meter_url("sidecar")[0] if server is not None else None
+    return SidecarMeter(url or _url(card), poll_hz=hz)
 
 
 def idle(card: Card) -> IdleBaseline:

@@ -1,0 +1,83 @@
+"""A small slurm matrix on disk and the runner as a subprocess, for the backend's tests."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import write_png
+
+ROOT = Path(__file__).resolve().parents[2]
+
+MATRIX = """
+[run]
+name = "{name}"
+seeds = {seeds}
+steps = 2
+size = "64x64"
+request_timeout_s = 60
+ready_timeout_s = 240
+restarts = {restarts}
+sample_hz = 5
+
+[servers.ref]
+command = ["{{python}}", "-m", "runner.refserver", "--host", "{{host}}", "--port", "{{port}}", "--preset", "tiny",
+           "--vram-gib", "{{vram_gib}}"]
+
+[cards.c]
+server = "ref"
+backend = "slurm"
+partition = "{partition}"
+gres = "{gres}"
+time_limit = "20:00"
+vram_gib = 1
+{card_extra}
+
+[flags.default]
+role = "default"
+
+[fixtures.pair]
+prompt = "a cat on a sofa"
+references = ["refs/a.png", "refs/b.png"]
+
+[matrix]
+references = {references}
+"""
+
+
+def write_matrix(folder: Path, name: str, *, partition: str = "debug", gres: str = "gpu:rtx5080:1",
+                 seeds: str = "[1]", references: str = "[1]", restarts: int = 0, card_extra: str = "") -> Path:
+    write_png(folder / "refs" / "a.png", 1)
+    write_png(folder / "refs" / "b.png", 2)
+    path = folder / "matrix.toml"
+    path.write_text(textwrap.dedent(MATRIX.format(name=name, partition=partition, gres=gres, seeds=seeds,
+                                                  references=references, restarts=restarts,
+                                                  card_extra=card_extra)))
+    return path
+
+
+def runner_argv(matrix: Path, results: Path, *more: str) -> list[str]:
+    return [sys.executable, "-m", "runner", str(matrix), "--results", str(results), "--no-progress", *more]
+
+
+def start_runner(matrix: Path, results: Path, log: Path, *more: str) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(runner_argv(matrix, results, *more), stdout=out, stderr=subprocess.STDOUT,
+                                cwd=ROOT)
+
+
+def run_dir(results: Path) -> Path:
+    (found,) = [p for p in results.iterdir() if p.is_dir()]
+    return found
+
+
+def session(run: Path, key: str = "c/default") -> dict[str, Any]:
+    return json.loads((run / key / "session.json").read_text())
+
+
+def steps(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted(run.glob("*/*/refs-*/*.json"))]

@@ -1,0 +1,164 @@
+"""The slurm backend against the real local Slurm (scripts/slurm-local.sh): preflight, queueing, the
+lifeline, a step cancelled from outside, ownership. Each test runs the real runner as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from runner.backends import owner
+from runner.backends import slurm as backend
+from runner.slurm import client
+from tests.slurm.conftest import wait_for
+from tests.slurm.slurmkit import ROOT, run_dir, runner_argv, session, start_runner, steps, write_matrix
+
+HOLD = "#!/bin/sh\nexec sleep 600\n"
+
+
+def active_jobs(prefix: str) -> list[client.Job]:
+    return [j for j in client.jobs() if j.name.startswith(prefix) and j.active]
+
+
+@pytest.mark.parametrize(("option", "value", "says"), [
+    ("partition", "no-such-partition", "partition 'no-such-partition' does not exist on this cluster"),
+    ("gres", "gpu:h100:1", "partition 'debug' offers no GPU of type 'h100' (offered: rtx3090, rtx5080)"),
+])
+def test_an_unknown_partition_or_gpu_type_stops_in_preflight(tag: str, tmp_path: Path, option: str, value: str,
+                                                            says: str) -> None:
+    matrix = write_matrix(tmp_path, tag, **{option: value})
+    proc = subprocess.run(runner_argv(matrix, tmp_path / "results"), capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0] and f"cards.c.{option}" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not [j for j in client.jobs(all_states=True) if tag in j.name], "preflight must submit nothing"
+
+
+def test_a_bad_slurm_key_is_one_line_at_load(tmp_path: Path) -> None:
+    matrix = write_matrix(tmp_path, "t-load", card_extra='time_limit_typo = 1\n')
+    proc = subprocess.run(runner_argv(matrix, tmp_path / "r"), capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    matrix = write_matrix(tmp_path, "t-load").read_text().replace('time_limit = "20:00"', 'time_limit = "soon"')
+    (tmp_path / "matrix.toml").write_text(matrix)
+    proc = subprocess.run(runner_argv(tmp_path / "matrix.toml", tmp_path / "r"), capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+    assert proc.returncode == 2 and "cards.c.time_limit" in proc.stderr and "soon" in proc.stderr, proc.stderr
+
+
+def test_a_lane_waiting_on_a_busy_gpu_shows_pending_then_runs_with_the_sidecar_beside_it(
+        tag: str, tmp_path: Path) -> None:
+    replay = tmp_path / "replay.txt"
+    replay.write_text("0 1048576\n0.5 3145728\n1.0 2097152\n")
+    blocker = client.sbatch([f"--job-name={tag}-blocker", "--gres=gpu:rtx5080:1", "--output=/dev/null"], HOLD)
+    wait_for(lambda: client.job(blocker).state == "RUNNING")
+    matrix = write_matrix(tmp_path, tag, card_extra=f'meters = ["sidecar", "server"]\n'
+                                                    f'meter_args = ["--fake-replay", "{replay}", "--loop"]\n')
+    log = tmp_path / "runner.log"
+    proc = start_runner(matrix, tmp_path / "results", log)
+    try:
+        wait_for(lambda: "pending (Resources)" in log.read_text(), timeout_s=60)
+        (job,) = wait_for(lambda: active_jobs(f"runner-{tag}"))
+        assert job.pending and job.reason == "Resources"
+        time.sleep(2)  # it keeps waiting while the GPU is busy
+        assert client.job(job.job_id).pending
+        client.scancel(blocker)
+        assert proc.wait(timeout=400) == 0, log.read_text()[-3000:]
+    finally:
+        proc.kill()
+    text = log.read_text()
+    assert f"Slurm job {job.job_id} running on" in text
+    run = run_dir(tmp_path / "results")
+    (start,) = session(run)["starts"]
+    info = start["info"]
+    assert info["slurm_job_id"] == job.job_id and "Resources" in info["pending_reasons"]
+    assert info["queue_wait_s"] >= 2.0  # recorded apart: the start's own time begins after the allocation
+    assert start["started_at"] >= info["allocated_at"]
+    assert info["cuda_visible_devices"] == "1"  # rtx5080 is the node's second GPU
+    assert [s["status"] for s in steps(run)] == ["ok"]
+    sidecar = next(m for m in session(run)["meters"] if m["source"] == "sidecar")
+    assert sidecar["available"] and sidecar["gpu"]["uuid"] == "GPU-REPLAY-replay"
+    (fact,) = json.loads((run / "run.json").read_text())["cards"]["c"]["slurm"]
+    assert (fact["job_id"], fact["node"], fact["gpu_uuid"]) == (job.job_id, info["slurm_node"], "GPU-REPLAY-replay")
+    assert not active_jobs(f"runner-{tag}"), "the lane releases its allocation"
+
+
+def test_kill_9_of_the_runner_leaves_no_job(tag: str, tmp_path: Path) -> None:
+    matrix = write_matrix(tmp_path, tag, seeds="[1, 2, 3]", references="[1, 2]")
+    log = tmp_path / "runner.log"
+    proc = start_runner(matrix, tmp_path / "results", log)
+    try:
+        (job,) = wait_for(lambda: [j for j in active_jobs(f"runner-{tag}") if j.state == "RUNNING"], timeout_s=60)
+        wait_for(lambda: any(s.name.startswith("runner-") for s in client.steps(job.job_id)), timeout_s=60)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        t0 = time.monotonic()
+        wait_for(lambda: not active_jobs(f"runner-{tag}"), timeout_s=10)
+        gone_after = time.monotonic() - t0
+    finally:
+        proc.kill()
+    assert gone_after < 10
+    assert client.job(job.job_id).state == "CANCELLED"
+
+
+def test_scancel_of_the_step_from_outside_is_a_lost_server_and_resume_completes(tag: str, tmp_path: Path) -> None:
+    matrix = write_matrix(tmp_path, tag, seeds="[1, 2]", references="[1, 2]")
+    results = tmp_path / "results"
+    log = tmp_path / "runner.log"
+    proc = start_runner(matrix, results, log)
+    try:
+        wait_for(lambda: results.exists() and any(s["status"] == "ok" for s in steps(run_dir(results))),
+                 timeout_s=300)
+        (job,) = active_jobs(f"runner-{tag}")
+        (step,) = [s for s in client.steps(job.job_id) if s.name.startswith("runner-")]
+        client.scancel(step.step_id)
+        assert proc.wait(timeout=120) == 1, log.read_text()[-3000:]  # steps left for a resume
+    finally:
+        proc.kill()
+    run = run_dir(results)
+    lost = [s for s in steps(run) if s["status"] == "failed"]
+    assert lost, log.read_text()[-2000:]
+    assert lost[0]["failure"]["kind"] == "cancelled" and lost[0]["lost"] is True
+    assert f"STEP {step.step_id}" in lost[0]["failure"]["evidence"][0]
+    assert all(s["failure"]["kind"] != "oom" for s in lost)
+    assert not active_jobs(f"runner-{tag}")
+    resumed = subprocess.run(runner_argv(matrix, results, "--resume", str(run)), capture_output=True, text=True,
+                             timeout=400, cwd=ROOT)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    done = steps(run)
+    assert len(done) == 4 and all(s["status"] == "ok" for s in done if s["key"] != lost[0]["key"])
+    jobs = {s["info"]["slurm_job_id"] for s in session(run)["starts"]}
+    assert len(jobs) == 2, "the resume continues in a new allocation"
+    assert not active_jobs(f"runner-{tag}")
+
+
+def test_a_job_of_another_alive_run_is_never_cancelled_and_a_dead_ones_is(tag: str) -> None:
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead_started = psutil.Process(dead.pid).create_time()
+    dead.wait()
+    try:
+        host = owner.me().host
+        live_owner = owner.Owner(host, alive.pid, psutil.Process(alive.pid).create_time())
+        gone_owner = owner.Owner(host, dead.pid, dead_started)
+        other_host = owner.Owner("some-other-login-node", 1, 1.0)
+        ids = {}
+        for what, who in (("alive", live_owner), ("dead", gone_owner), ("remote", other_host)):
+            ids[what] = client.sbatch([f"--job-name={tag}-{what}", f"--comment={backend.owner_comment(tag, what, who)}",
+                                       "--output=/dev/null"], HOLD)
+        notes = backend.reap()
+        assert [n for n in notes if f"Slurm job {ids['dead']} " in n and f"PID {dead.pid}" in n and "is gone" in n]
+        assert not [n for n in notes if f"job {ids['alive']} " in n or f"job {ids['remote']} " in n]
+        wait_for(lambda: not client.job(ids["dead"]).active)
+        time.sleep(1)
+        assert client.job(ids["alive"]).active and client.job(ids["remote"]).active
+    finally:
+        alive.kill()
