@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A real one-node Slurm on this machine for the slurm backend's tests: munge, slurmctld and slurmd started
-# directly (no systemd), one node with two GPU GRES types (rtx3090, rtx5080) over stand-in device files,
+# directly (no systemd), one node with two GPU GRES types over stand-in device files (two rtx3090, one
+# rtx5080: the three cards of examples/local-slurm.toml run at once, a second rtx5080 job waits),
 # proctrack/linuxproc, task/none. Idempotent: daemons already answering with this config are left alone; a
 # changed config restarts only the daemons this script started (by their pid files). Needs root.
 #
@@ -27,7 +28,7 @@ fi
 mkdir -p "$ETC" "$STATE/ctld" "$STATE/d" "$RUN/dev" "$LOG"
 # Stand-in GPUs: slurmd wants a character device per GPU (it never opens it); the numbers are the NVIDIA
 # driver's (major 195), so jobs get CUDA_VISIBLE_DEVICES as on a real node. No driver is behind them.
-for i in 0 1; do
+for i in 0 1 2; do
   [ -c "$RUN/dev/nvidia$i" ] || { rm -f "$RUN/dev/nvidia$i"; mknod "$RUN/dev/nvidia$i" c 195 "$i"; }
 done
 
@@ -80,14 +81,14 @@ SlurmdParameters=config_overrides
 KillWait=5
 MinJobAge=600
 InactiveLimit=0
-NodeName=$NODE NodeAddr=127.0.0.1 CPUs=8 RealMemory=4000 Gres=gpu:rtx3090:1,gpu:rtx5080:1 State=UNKNOWN
+NodeName=$NODE NodeAddr=127.0.0.1 CPUs=8 RealMemory=4000 Gres=gpu:rtx3090:2,gpu:rtx5080:1 State=UNKNOWN
 PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
 EOF
 gres=$(mktemp)
 cat >"$gres" <<EOF
 $MARK
-NodeName=$NODE Name=gpu Type=rtx3090 File=$RUN/dev/nvidia0
-NodeName=$NODE Name=gpu Type=rtx5080 File=$RUN/dev/nvidia1
+NodeName=$NODE Name=gpu Type=rtx3090 File=$RUN/dev/nvidia[0-1]
+NodeName=$NODE Name=gpu Type=rtx5080 File=$RUN/dev/nvidia2
 EOF
 if [ -e "$ETC/slurm.conf" ] && ! grep -qF "$MARK" "$ETC/slurm.conf"; then
   echo "$ETC/slurm.conf exists and was not written by this script: not touching a real cluster's config" >&2

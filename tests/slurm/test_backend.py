@@ -82,7 +82,7 @@ def test_a_lane_waiting_on_a_busy_gpu_shows_pending_then_runs_with_the_sidecar_b
     assert info["slurm_job_id"] == job.job_id and "Resources" in info["pending_reasons"]
     assert info["queue_wait_s"] >= 2.0  # recorded apart: the start's own time begins after the allocation
     assert start["started_at"] >= info["allocated_at"]
-    assert info["cuda_visible_devices"] == "1"  # rtx5080 is the node's second GPU
+    assert info["cuda_visible_devices"] == "2"  # the rtx5080 is the node's third GPU (scripts/slurm-local.sh)
     assert [s["status"] for s in steps(run)] == ["ok"]
     sidecar = next(m for m in session(run)["meters"] if m["source"] == "sidecar")
     assert sidecar["available"] and sidecar["gpu"]["uuid"] == "GPU-REPLAY-replay"
