@@ -82,7 +82,12 @@ KillWait=5
 MinJobAge=600
 InactiveLimit=0
 NodeName=$NODE NodeAddr=127.0.0.1 CPUs=8 RealMemory=4000 Gres=gpu:rtx3090:2,gpu:rtx5080:1 State=UNKNOWN
-PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
+# Preemption for real: a job in 'urgent' cancels what holds its resources in 'debug' (the runner must record
+# that as preempted, never as an out-of-memory).
+PreemptType=preempt/partition_prio
+PreemptMode=CANCEL
+PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP PriorityTier=1
+PartitionName=urgent Nodes=$NODE MaxTime=INFINITE State=UP PriorityTier=10
 EOF
 gres=$(mktemp)
 cat >"$gres" <<EOF

@@ -405,6 +405,16 @@ class SlurmServer(RunningServer):
         host = self.alloc.address if self.alloc else "127.0.0.1"
         return f"http://{host}:{self.port or 0}"
 
+    def read_log(self, start: int = 0, end: int | None = None) -> str:
+        # A request sent after the scheduler ended the step (between two requests) has only a refused
+        # connection in its window: the scheduler's line, written before it, is what explains it.
+        text = super().read_log(start, end)
+        if start > 0 and self.proc is not None and self.proc.poll() is not None and parse.cluster_end(text) is None:
+            before = parse.cluster_end(super().read_log(max(0, start - 16_384), start))
+            if before is not None and self._stopped_at is None:
+                text = f"{before.line}\n{text}"
+        return text
+
     def log_tail(self, size: int = 16_384) -> str:
         # A step this runner cancelled (ready timeout, end of session) ends with slurmstepd's CANCELLED line
         # too: that one is ours, not the scheduler's, so the classifier sees the log as it was before it.

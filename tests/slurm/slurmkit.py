@@ -33,7 +33,7 @@ server = "ref"
 backend = "slurm"
 partition = "{partition}"
 gres = "{gres}"
-time_limit = "20:00"
+time_limit = "{time_limit}"
 vram_gib = 1
 {card_extra}
 
@@ -50,13 +50,14 @@ references = {references}
 
 
 def write_matrix(folder: Path, name: str, *, partition: str = "debug", gres: str = "gpu:rtx5080:1",
-                 seeds: str = "[1]", references: str = "[1]", restarts: int = 0, card_extra: str = "") -> Path:
+                 seeds: str = "[1]", references: str = "[1]", restarts: int = 0, card_extra: str = "",
+                 time_limit: str = "20:00") -> Path:
     write_png(folder / "refs" / "a.png", 1)
     write_png(folder / "refs" / "b.png", 2)
     path = folder / "matrix.toml"
     path.write_text(textwrap.dedent(MATRIX.format(name=name, partition=partition, gres=gres, seeds=seeds,
                                                   references=references, restarts=restarts,
-                                                  card_extra=card_extra)))
+                                                  card_extra=card_extra, time_limit=time_limit)))
     return path
 
 

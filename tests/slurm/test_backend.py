@@ -3,6 +3,7 @@ lifeline, a step cancelled from outside, ownership. Each test runs the real runn
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -47,10 +48,8 @@ def test_a_bad_slurm_key_is_one_line_at_load(tmp_path: Path) -> None:
     matrix = write_matrix(tmp_path, "t-load", card_extra='time_limit_typo = 1\n')
     proc = subprocess.run(runner_argv(matrix, tmp_path / "r"), capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    matrix = write_matrix(tmp_path, "t-load").read_text().replace('time_limit = "20:00"', 'time_limit = "soon"')
-    (tmp_path / "matrix.toml").write_text(matrix)
-    proc = subprocess.run(runner_argv(tmp_path / "matrix.toml", tmp_path / "r"), capture_output=True, text=True,
-                          timeout=60, cwd=ROOT)
+    matrix = write_matrix(tmp_path, "t-load", time_limit="soon")
+    proc = subprocess.run(runner_argv(matrix, tmp_path / "r"), capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 2 and "cards.c.time_limit" in proc.stderr and "soon" in proc.stderr, proc.stderr
 
 
@@ -162,3 +161,62 @@ def test_a_job_of_another_alive_run_is_never_cancelled_and_a_dead_ones_is(tag: s
         assert client.job(ids["alive"]).active and client.job(ids["remote"]).active
     finally:
         alive.kill()
+
+
+def _first_served_then(tag: str, tmp_path: Path, act) -> tuple[list[dict], str]:  # type: ignore[no-untyped-def]
+    """Run a 4-step lane (no restarts); once a step is served, `act(job)`; the failures recorded, the log."""
+    matrix = write_matrix(tmp_path, tag, seeds="[1, 2]", references="[1, 2]")
+    results, log = tmp_path / "results", tmp_path / "runner.log"
+    proc = start_runner(matrix, results, log)
+    try:
+        wait_for(lambda: results.exists() and any(s["status"] == "ok" for s in steps(run_dir(results))),
+                 timeout_s=300)
+        (job,) = active_jobs(f"runner-{tag}")
+        act(job)
+        assert proc.wait(timeout=240) == 1, log.read_text()[-3000:]
+    finally:
+        proc.kill()
+    assert not active_jobs(f"runner-{tag}")
+    return [s for s in steps(run_dir(results)) if s["status"] == "failed"], log.read_text()
+
+
+def test_preemption_is_its_own_failure_class(tag: str, tmp_path: Path) -> None:
+    # scripts/slurm-local.sh: a job in partition 'urgent' preempts (cancels) what holds its GPU in 'debug'.
+    def preempt(job: client.Job) -> None:
+        client.sbatch([f"--job-name={tag}-urgent", "--partition=urgent", "--gres=gpu:rtx5080:1",
+                       "--output=/dev/null"], "#!/bin/sh\nsleep 3\n")
+
+    failed, _ = _first_served_then(tag, tmp_path, preempt)
+    assert failed and failed[0]["failure"]["kind"] == "preempted" and failed[0]["lost"], failed
+    assert "DUE TO PREEMPTION" in failed[0]["failure"]["evidence"][0]
+
+
+def test_a_node_failure_is_its_own_failure_class(tag: str, tmp_path: Path) -> None:
+    node = client.nodes()[0].name
+
+    def fail_node(job: client.Job) -> None:
+        client.run(["scontrol", "update", f"nodename={node}", "state=down", "reason=runner-test"])
+
+    try:
+        failed, _ = _first_served_then(tag, tmp_path, fail_node)
+    finally:
+        with contextlib.suppress(client.SlurmError):  # ReturnToService=2 may have brought it back already
+            client.run(["scontrol", "update", f"nodename={node}", "state=resume"])
+        wait_for(lambda: client.nodes()[0].state in ("idle", "mixed", "allocated"))
+    assert failed and failed[0]["failure"]["kind"] == "node_failure" and failed[0]["lost"], failed
+
+
+@pytest.mark.slow
+def test_the_time_limit_is_its_own_failure_class(tag: str, tmp_path: Path) -> None:
+    # One minute for a lane that needs more: Slurm ends the allocation (it checks limits every ~30 s), at
+    # load or during a request, whichever it is by then.
+    matrix = write_matrix(tmp_path, tag, seeds="[1, 2, 3, 4, 5, 6]", references="[1, 2]", time_limit="1")
+    proc = subprocess.run(runner_argv(matrix, tmp_path / "results"), capture_output=True, text=True, timeout=400,
+                          cwd=ROOT)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    run = run_dir(tmp_path / "results")
+    failures = [*(s["failure"] for s in session(run)["starts"] if s["failure"]),
+                *(s["failure"] for s in steps(run) if s["status"] == "failed")]
+    assert failures and failures[0]["kind"] == "time_limit", failures
+    assert "DUE TO TIME LIMIT" in failures[0]["evidence"][0]
+    assert not active_jobs(f"runner-{tag}")

@@ -48,6 +48,10 @@ def test_gres_lists_with_socket_affinity() -> None:
     ("slurmstepd: error: *** STEP 12.0 ON n1 CANCELLED AT 2026-12-01T09:20:58 DUE TO NODE FAILURE ***",
      "node_failure"),
     ("slurmstepd-n1: error: *** STEP 12.3 ON n1 CANCELLED AT 2026-12-01T09:20:58 ***", "cancelled"),
+    # what slurmstepd and srun wrote here when the node was set down under a running job (22.05)
+    ("slurmstepd-vm: error: *** JOB 54 ON vm CANCELLED AT 2026-12-01T10:08:34 DUE TO NODE FAILURE, SEE SLURMCTLD "
+     "LOG FOR DETAILS ***", "node_failure"),
+    ("srun: error: Node failure on vm", "node_failure"),
 ])
 def test_slurmstepd_end_lines(line: str, cause: str) -> None:
     end = parse.cluster_end(f"INFO serving\n{line}\n")
