@@ -233,7 +233,8 @@ class SlurmLane:
             if job.reason != "None" and (not reasons or reasons[-1] != job.reason):
                 reasons.append(job.reason)
                 self._say(card, f"queued as Slurm job {job_id}: pending ({job.reason})")
-            time.sleep(POLL_S)
+            # Often granted within a second: asked quickly at first, then every POLL_S (a queue may take hours).
+            time.sleep(0.1 if time.time() - submitted < 5 else POLL_S)
         allocated = job.start_time if job.start_time and job.start_time <= time.time() + 1 else time.time()
         node = job.nodes.split(",")[0]
         address = next((n.address for n in client.nodes() if n.name == node), node)
