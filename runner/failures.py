@@ -75,7 +75,9 @@ def classify_request(*, http_status: int | None, body: str, log_window: str, tim
     if oom_killed:  # the engine says so (docker's State.OOMKilled): an OOM, of host memory, not a crash
         return Failure(FailureClass.OOM, f"server {HOST_OOM}, during the request",
                        log_oom or _evidence(log_window), http_status, server_exit)
-    ended = _ended_by_scheduler(log_window) if (server_exit is not None or http_status is None) else None
+    # A server the scheduler is ending may still answer (a 500 as it shuts down): its line decides.
+    failed = server_exit is not None or http_status is None or http_status >= 400
+    ended = _ended_by_scheduler(log_window) if failed else None
     if ended is not None and not log_oom:
         return ended
     if server_exit is not None:

@@ -116,6 +116,7 @@ class ProgressView(Events):
 
     def waiting(self, card: str, text: str) -> None:
         # On the bar while it lasts, and one line per change so a CI log shows how long the queue held it.
+        text = quote.console(text)  # the scheduler's reason is text from outside the runner
         self.progress.update(self.tasks[card], session=text, memory="")
         self.console.print(f"{card}: {text}", highlight=False, markup=False)
 

@@ -317,6 +317,11 @@ class SlurmOptions(BackendOptions):
     meter_args: tuple[str, ...] = ()  # more `runner meter` arguments for the sidecar step (e.g. --hz 200)
     python: str | None = None  # the interpreter on the compute nodes that has runner installed (default: this one)
 
+    @field_validator("sbatch_args", "srun_args", "meter_args", mode="before")
+    @classmethod
+    def _list(cls, v: Any) -> Any:
+        return tuple(v) if isinstance(v, list) else v  # TOML arrays are lists; the options are frozen tuples
+
     @field_validator("partition", "account", "qos", "constraint")
     @classmethod
     def _word(cls, v: str | None) -> str | None:

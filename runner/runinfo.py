@@ -69,13 +69,12 @@ def card_facts(cards: dict[str, Any], store: RunStore) -> dict[str, Any]:
             card.setdefault("gpu_facts", gpu)
         for s in session.starts:
             if s.info.get("slurm_job_id") is not None:  # slurm: which job, node and GPU each start ran on
-                card.setdefault("slurm", []).append(_slurm_fact(session.key, s.attempt, s.info, session.meters))
+                card.setdefault("slurm", []).append(_slurm_fact(session.key, s.attempt, s.info))
     return facts
 
 
-def _slurm_fact(key: str, attempt: int, info: dict[str, Any], meters: tuple[dict[str, Any], ...]) -> dict[str, Any]:
-    sidecar = next((m for m in meters if m.get("source") == "sidecar" and m.get("attempt") == attempt), {})
-    gpu = sidecar.get("gpu") or {}
+def _slurm_fact(key: str, attempt: int, info: dict[str, Any]) -> dict[str, Any]:
+    gpu = info.get("gpu") if isinstance(info.get("gpu"), dict) else {}
     return {"session": key, "attempt": attempt, "job_id": info["slurm_job_id"], "step_id": info.get("slurm_step_id"),
             "node": info.get("slurm_node"), "cuda_visible_devices": info.get("cuda_visible_devices"),
             "queue_wait_s": info.get("queue_wait_s"), "gpu_uuid": gpu.get("uuid"), "gpu_name": gpu.get("name")}

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runner import quote
 from runner.backends import owner
 from runner.backends.base import Attempt, ExitInfo, RunningServer, StartFailed
 from runner.errors import UserError
@@ -485,7 +486,7 @@ class SlurmServer(RunningServer):
             try:
                 doc = httpx.get(f"{url}/info", timeout=3.0).json()
                 gpu = doc.get("gpu") if isinstance(doc, dict) else None
-                self._gpu = {k: str(gpu.get(k))[:200] for k in ("index", "uuid", "name", "driver")
+                self._gpu = {k: quote.console(str(gpu.get(k)))[:200] for k in ("index", "uuid", "name", "driver")
                              if gpu.get(k) is not None} if isinstance(gpu, dict) else {}
             except (httpx.HTTPError, ValueError):
                 return None

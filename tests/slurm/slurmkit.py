@@ -19,7 +19,7 @@ name = "{name}"
 seeds = {seeds}
 steps = 2
 size = "64x64"
-request_timeout_s = 60
+request_timeout_s = {request_timeout_s}
 ready_timeout_s = 240
 restarts = {restarts}
 sample_hz = 5
@@ -39,6 +39,7 @@ vram_gib = 1
 
 [flags.default]
 role = "default"
+args = {flag_args}
 
 [fixtures.pair]
 prompt = "a cat on a sofa"
@@ -51,13 +52,14 @@ references = {references}
 
 def write_matrix(folder: Path, name: str, *, partition: str = "debug", gres: str = "gpu:rtx5080:1",
                  seeds: str = "[1]", references: str = "[1]", restarts: int = 0, card_extra: str = "",
-                 time_limit: str = "20:00") -> Path:
+                 time_limit: str = "20:00", flag_args: str = "[]", request_timeout_s: int = 60) -> Path:
     write_png(folder / "refs" / "a.png", 1)
     write_png(folder / "refs" / "b.png", 2)
     path = folder / "matrix.toml"
     path.write_text(textwrap.dedent(MATRIX.format(name=name, partition=partition, gres=gres, seeds=seeds,
                                                   references=references, restarts=restarts,
-                                                  card_extra=card_extra, time_limit=time_limit)))
+                                                  card_extra=card_extra, time_limit=time_limit,
+                                                  flag_args=flag_args, request_timeout_s=request_timeout_s)))
     return path
 
 

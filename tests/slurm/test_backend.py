@@ -84,7 +84,8 @@ def test_a_lane_waiting_on_a_busy_gpu_shows_pending_then_runs_with_the_sidecar_b
     assert info["cuda_visible_devices"] == "2"  # the rtx5080 is the node's third GPU (scripts/slurm-local.sh)
     assert [s["status"] for s in steps(run)] == ["ok"]
     sidecar = next(m for m in session(run)["meters"] if m["source"] == "sidecar")
-    assert sidecar["available"] and sidecar["gpu"]["uuid"] == "GPU-REPLAY-replay"
+    assert sidecar["available"] and sidecar["samples"] > 0, sidecar  # the meter step, polled beside the server
+    assert info["gpu"]["uuid"] == "GPU-REPLAY-replay"  # as the sidecar step's source reads it
     (fact,) = json.loads((run / "run.json").read_text())["cards"]["c"]["slurm"]
     assert (fact["job_id"], fact["node"], fact["gpu_uuid"]) == (job.job_id, info["slurm_node"], "GPU-REPLAY-replay")
     assert not active_jobs(f"runner-{tag}"), "the lane releases its allocation"
@@ -208,10 +209,11 @@ def test_a_node_failure_is_its_own_failure_class(tag: str, tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_the_time_limit_is_its_own_failure_class(tag: str, tmp_path: Path) -> None:
-    # One minute for a lane that needs more: Slurm ends the allocation (it checks limits every ~30 s), at
-    # load or during a request, whichever it is by then.
-    matrix = write_matrix(tmp_path, tag, seeds="[1, 2, 3, 4, 5, 6]", references="[1, 2]", time_limit="1")
-    proc = subprocess.run(runner_argv(matrix, tmp_path / "results"), capture_output=True, text=True, timeout=400,
+    # One minute for a lane that needs more (its second request hangs until the limit): Slurm ends the
+    # allocation (it checks limits every ~30 s), at load or during a request, whichever it is by then.
+    matrix = write_matrix(tmp_path, tag, seeds="[1, 2]", references="[1, 2]", time_limit="1",
+                          flag_args='["--fault", "hang@2"]', request_timeout_s=400)
+    proc = subprocess.run(runner_argv(matrix, tmp_path / "results"), capture_output=True, text=True, timeout=600,
                           cwd=ROOT)
     assert proc.returncode == 1, proc.stderr[-3000:]
     run = run_dir(tmp_path / "results")
