@@ -160,7 +160,8 @@ class _Table:
     def __init__(self, file: Path, path: str, data: Any) -> None:
         if not isinstance(data, dict):
             raise UserError(f"{file}: [{path}] must be a table, got {_show(data)}")
-        self.file, self.path, self.data, self.seen = file, path, data, set()
+        self.file, self.path, self.data = file, path, data
+        self.seen: set[str] = set()
 
     def key(self, key: str) -> str:
         return f"{self.path}.{key}" if self.path else key
@@ -188,7 +189,7 @@ class _Table:
         self.seen.add(key)
         return self.data[key]
 
-    def list_of(self, key: str, kind: type, default: Any = ..., *, min_len: int = 0) -> tuple:
+    def list_of(self, key: str, kind: type, default: Any = ..., *, min_len: int = 0) -> tuple[Any, ...]:
         value = self.get(key, list, default, what=f"a list of {_kind_name((kind,))}")
         for item in value:
             if not isinstance(item, kind) or (isinstance(item, bool) and kind is not bool):
@@ -214,7 +215,7 @@ class _Table:
         value = self.get(key, str, default)
         if value not in choices:
             raise self._err(key, f"must be one of {', '.join(choices)}, got {_show(value)}")
-        return value
+        return str(value)
 
     def positive(self, key: str, kind: type | tuple[type, ...], default: Any = ..., *,
                  maximum: float | None = None) -> Any:
@@ -480,8 +481,9 @@ def _fixture(file: Path, name: str, t: _Table, base: Path) -> Fixture:
     return fixture
 
 
-def _axes(file: Path, t: _Table, cards: Mapping, flags: Mapping, fixtures: Mapping) -> Axes:
-    def names(key: str, known: Mapping) -> tuple[str, ...]:
+def _axes(file: Path, t: _Table, cards: Mapping[str, Card], flags: Mapping[str, FlagSet],
+          fixtures: Mapping[str, Fixture]) -> Axes:
+    def names(key: str, known: Mapping[str, Any]) -> tuple[str, ...]:
         chosen = t.list_of(key, str, tuple(known))
         for n in chosen:
             if chosen.count(n) > 1:
@@ -519,7 +521,8 @@ def _axes(file: Path, t: _Table, cards: Mapping, flags: Mapping, fixtures: Mappi
     return axes
 
 
-def _baseline(file: Path, t: _Table, base: Path, cards: Mapping, flags: Mapping) -> Baseline | None:
+def _baseline(file: Path, t: _Table, base: Path, cards: Mapping[str, Card],
+              flags: Mapping[str, FlagSet]) -> Baseline | None:
     if not t.data:
         return None
     directory = t.get("dir", str, None)

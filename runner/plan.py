@@ -162,8 +162,9 @@ def make_plan(matrix: Matrix) -> Plan:
     for card in axes.cards:
         flag_names = [f for f in axes.flags if axes.kept(card, f)]
         # A baseline cell on this card runs first, so its images exist before the others are scored.
-        if matrix.baseline and matrix.baseline.cell and matrix.baseline.cell[0] in (card, None):
-            flag_names.sort(key=lambda f: f != matrix.baseline.cell[1])
+        cell = matrix.baseline.cell if matrix.baseline else None
+        if cell and cell[0] in (card, None):
+            flag_names.sort(key=lambda f: f != cell[1])
         c = matrix.cards[card]
         sessions = tuple(
             Session(card, flags, tuple(Step(card, flags, fx, n, seed)

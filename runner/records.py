@@ -1,3 +1,5 @@
+# mypy: disable-error-code="misc"
+# (mypy reads `= _schema(...)` as a default: a field specifier it does not know; the dataclasses are right)
 """The values that cross module lines: what a step, a session and a run produced, as frozen dataclasses.
 
 Each on-disk record is declared here once: the dataclass is the declaration, `schema_version` says which

@@ -5,4 +5,5 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh --dev
 scripts/services.sh
 .venv/bin/ruff check .
+.venv/bin/mypy                                # strict on the pure core ([tool.mypy] in pyproject.toml)
 .venv/bin/python -m pytest -q --durations=15   # the 15 slowest tests, to keep the suite fast
