@@ -277,13 +277,15 @@ def findings_lines(v: Verdict) -> list[str]:
         lines += sites
     elif sites:
         lines += ["", "OOM sites that stopped its other default and offload flag sets:", *sites]
+    if f.fragmentation:
+        lines.append("")
     for fr in f.fragmentation:
-        removed = fr.a_reserved_unallocated_bytes - fr.b_reserved_unallocated_bytes
+        a_ru, b_ru = fr.a_reserved_unallocated_bytes, fr.b_reserved_unallocated_bytes
         tail = (f"; still short with {size(fr.b_allocated_bytes)} allocated" if fr.b_still_short
                 and fr.b_allocated_bytes is not None else "; still short" if fr.b_still_short
                 else f"; '{md(fr.b)}' did not run out at or below the target")
-        verdict = "fragmentation was part of the problem" if removed > 0 else "fragmentation was not the problem"
-        lines.append(f"- Allocator settings: '{md(fr.b)}' against '{md(fr.a)}' changed reserved-but-unallocated "
-                     f"memory at the OOM from {size(fr.a_reserved_unallocated_bytes)} to "
-                     f"{size(fr.b_reserved_unallocated_bytes)} ({verdict}){tail}.")
+        moved = (f"took reserved-but-unallocated memory at the OOM from {size(a_ru)} to {size(b_ru)}" if a_ru != b_ru
+                 else f"left reserved-but-unallocated memory at the OOM at {size(a_ru)}")
+        verdict = "fragmentation was part of the problem" if a_ru > b_ru else "fragmentation was not the problem"
+        lines.append(f"- Allocator settings only: '{md(fr.b)}' against '{md(fr.a)}' {moved} ({verdict}){tail}.")
     return lines
