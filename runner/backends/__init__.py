@@ -1,5 +1,5 @@
 """Where a server runs: one runner.registry.BACKENDS entry per backend (`local`: a subprocess, `docker`: a
-container on a local engine or ssh://). Kept light: the supervisor runs as `-m runner.backends.supervisor`."""
+container on a local engine or ssh://). Kept light."""
 
 from __future__ import annotations
 

@@ -45,8 +45,13 @@ def state_dir() -> Path:
 
 
 def supervised_argv(argv: tuple[str, ...], fd: int) -> list[str]:
-    """The server's command under the supervisor (runner.backends.supervisor), which watches pipe `fd`."""
-    return [sys.executable, "-I", "-m", "runner.backends.supervisor", str(fd), *argv]
+    """The server's command under the supervisor (runner.backends.supervisor), which watches pipe `fd`.
+
+    Run by its file path, isolated (-I: no PYTHONPATH, no cwd on sys.path): it needs only the standard
+    library, so it starts wherever runner itself was importable from (an install, or PYTHONPATH alone)."""
+    from runner.backends import supervisor
+
+    return [sys.executable, "-I", str(Path(supervisor.__file__)), str(fd), *argv]
 
 
 def free_port(host: str = "127.0.0.1") -> int:

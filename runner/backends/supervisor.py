@@ -1,4 +1,4 @@
-"""The local backend's supervisor: started in place of the server (`python -I -m runner.backends.supervisor FD
+"""The local backend's supervisor: started in place of the server (`python -I path/to/supervisor.py FD
 ARGV...`), the leader of the server's process group.
 
 It runs the server as its child and watches a pipe whose only write end the runner holds: when the runner
