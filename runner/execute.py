@@ -34,6 +34,7 @@ from runner.records import Failure, FailureClass, Peak, ServerStart, SessionReco
 from runner.registry import BACKENDS, METERS, load
 from runner.store import RunStore
 from runner.units import slug
+from runner.vocab import Role
 
 RESTART_AFTER = {FailureClass.CRASH, FailureClass.TIMEOUT}
 RESPONSE_SOURCE = "server-response"  # the registry's entry for a peak the server reports in its response
@@ -142,6 +143,54 @@ class Served:
     repeat_image: bytes | None  # the first repeat whose bytes differ from the first image
 
 
+@dataclass(frozen=True)
+class Sends:
+    """One step's request sent back to back: each send (timed ones first), and what came of them."""
+
+    sends: tuple[HttpResult, ...]
+    first: Observed | None  # the first answered send
+    failure: Failure | None  # the send that ended it, when one failed
+    different: bytes | None  # the first repeat whose image bytes differ from the first
+    reported: tuple[dialects.ServerPeak, ...]  # the server's own peaks, as the responses gave them
+
+    @property
+    def t0(self) -> float:
+        return self.sends[0].t0
+
+    @property
+    def t1(self) -> float:
+        return self.sends[-1].t1
+
+
+def step_record(step: Step, role: str, attempt: int, sends: Sends, timed: int, peaks: tuple[Peak, ...],
+                request: dict[str, object]) -> StepRecord | Served:
+    """The step's record from its sends (pure): a failure (with the first send's image kept when it was
+    served), or a served step whose image is scored off the request path."""
+    last, failure, first, reported = sends.sends[-1], sends.failure, sends.first, sends.reported
+    base = StepRecord(
+        key=step.key, card=step.card, flags=step.flags, role=Role(role), fixture=step.fixture,
+        references=step.references, seed=step.seed, status=Status.OK, attempt=attempt, started_at=sends.t0,
+        wall_s=sends.sends[0].wall_s,
+        wall_samples_s=tuple(s.wall_s for s in sends.sends[:timed] if s is not last or failure is None),
+        peaks=peaks, request=dict(request), server_peak_mib=reported[0].mib if reported else None,
+        server_peak_source=reported[0].source if reported else None,
+        server_peak_measures=reported[0].measures if reported else None)
+    image = Path(step.key).name + ".png"
+    if failure is not None:
+        lost = failure.kind in RESTART_AFTER or last.exit_code is not None
+        record = replace(base, status=Status.FAILED, failure=failure, lost=lost)
+        if first is None or first.image_bytes is None:
+            return record
+        # The first send was served: keep its image beside the failure (scored like any other).
+        return Served(replace(record, image=image, image_sha256=hashlib.sha256(first.image_bytes).hexdigest()),
+                      first.image_bytes, None)
+    assert first is not None and first.image_bytes is not None
+    compared = len(sends.sends) > 1
+    return Served(replace(base, image=image, image_sha256=hashlib.sha256(first.image_bytes).hexdigest(),
+                          deterministic=(sends.different is None) if compared else None),
+                  first.image_bytes, sends.different)
+
+
 class SessionRunner:
     def __init__(self, ctx: RunContext, session: Session, refs: References, baselines: Baselines,
                  scorer: ThreadPoolExecutor | None = None) -> None:
@@ -237,15 +286,10 @@ class SessionRunner:
         return Observed(None if failure is None else server.quote_failure(failure),
                         image_bytes if failure is None else None, parsed.server_peak if parsed else None)
 
-    def execute(self, client: httpx.Client, server: RunningServer, meters: list[Meter], step: Step,
-                attempt: int, determinism_resend: bool) -> StepRecord | Served:
-        """Send a step's request `repeats` times (timed), plus once untimed for the determinism re-send.
-        A failing send ends the step as that failure, whichever send it was: a repeat that crashes or hangs
-        is recorded as the crash or timeout it is (and loses the server), never as a served step."""
-        call = self._request(step)
-        refs = self.ctx.matrix.fixtures[step.fixture].references[: step.references]
-        timed = self.run.repeats
-        total = timed + (1 if determinism_resend and timed == 1 else 0)
+    def send_repeats(self, client: httpx.Client, server: RunningServer, call: dialects.HttpCall, references: int,
+                     total: int) -> Sends:
+        """Send one request `total` times, back to back, classifying each answer; the first failing send
+        ends it (a repeat that crashes or hangs is that crash or timeout, never a served step)."""
         sends: list[HttpResult] = []
         first: Observed | None = None
         failure: Failure | None = None
@@ -253,7 +297,7 @@ class SessionRunner:
         reported: list[dialects.ServerPeak] = []
         for i in range(total):
             sent = self._send(client, server, call)
-            seen = self._observe(sent, step.references, server)
+            seen = self._observe(sent, references, server)
             sends.append(replace(sent, content=b""))  # only the images kept below are needed from here on
             if seen.server_peak is not None:
                 reported.append(seen.server_peak)
@@ -265,32 +309,23 @@ class SessionRunner:
                 first = seen
             elif different is None and seen.image_bytes != first.image_bytes:
                 different = seen.image_bytes
-        last = sends[-1]
-        peaks = _with_response_peak([m.window_peak(sends[0].t0, last.t1) for m in meters],
-                                    max(p.mib for p in reported) if reported else None)
+        return Sends(tuple(sends), first, failure, different, tuple(reported))
+
+    def execute(self, client: httpx.Client, server: RunningServer, meters: list[Meter], step: Step,
+                attempt: int, determinism_resend: bool) -> StepRecord | Served:
+        """Send a step's request `repeats` times (timed), plus once untimed for the determinism re-send, and
+        build its record from the sends and the meters' window over them."""
+        call = self._request(step)
+        refs = self.ctx.matrix.fixtures[step.fixture].references[: step.references]
+        timed = self.run.repeats
+        total = timed + (1 if determinism_resend and timed == 1 else 0)
+        sends = self.send_repeats(client, server, call, step.references, total)
+        peaks = _with_response_peak([m.window_peak(sends.t0, sends.t1) for m in meters],
+                                    max(p.mib for p in sends.reported) if sends.reported else None)
         request = {"dialect": self.profile.dialect, "path": call.path, "steps": self.run.steps,
                    "size": list(self.run.size) if self.run.size else None, "seed": step.seed,
-                   "sends": len(sends), "references": [self.refs.digest(p) for p in refs]}
-        common = dict(attempt=attempt, started_at=sends[0].t0, wall_s=sends[0].wall_s,
-                      wall_samples_s=tuple(s.wall_s for s in sends[:timed] if s is not last or failure is None),
-                      peaks=peaks, request=request, server_peak_mib=reported[0].mib if reported else None,
-                      server_peak_source=reported[0].source if reported else None,
-                      server_peak_measures=reported[0].measures if reported else None)
-        if failure is not None:
-            lost = failure.kind in RESTART_AFTER or last.exit_code is not None
-            record = self._base(step, Status.FAILED, failure=failure, lost=lost, **common)
-            if first is None or first.image_bytes is None:
-                return record
-            # The first send was served: keep its image beside the failure (scored like any other).
-            return Served(replace(record, image=Path(step.key).name + ".png",
-                                  image_sha256=hashlib.sha256(first.image_bytes).hexdigest()),
-                          first.image_bytes, None)
-        assert first is not None and first.image_bytes is not None
-        compared = len(sends) > 1
-        record = self._base(step, Status.OK, image=Path(step.key).name + ".png",
-                            image_sha256=hashlib.sha256(first.image_bytes).hexdigest(),
-                            deterministic=(different is None) if compared else None, **common)
-        return Served(record, first.image_bytes, different)
+                   "sends": len(sends.sends), "references": [self.refs.digest(p) for p in refs]}
+        return step_record(step, self.flags.role, attempt, sends, timed, peaks, request)
 
     def score(self, served: Served) -> tuple[StepRecord, bytes | None]:
         """Decode, PSNR/SSIM against the baseline and the sanity checks (off the request path). Returns the
