@@ -66,3 +66,20 @@ def test_sbatch_and_scontrol_lines() -> None:
     assert parse.key_values("PartitionName=debug Nodes=vm State=UP")["State"] == "UP"
     assert parse.controller_up("Slurmctld(primary) at vm is UP\n")
     assert not parse.controller_up("Slurmctld(primary) at vm is DOWN\n")
+
+
+def test_local_slurm_example_is_local_toml_through_slurm() -> None:
+    """examples/local-slurm.toml is examples/local.toml with every card submitted through Slurm (no Slurm
+    needed to check that)."""
+    from pathlib import Path
+
+    from runner.matrix import load_matrix
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    slurm_m, local_m = load_matrix(examples / "local-slurm.toml"), load_matrix(examples / "local.toml")
+    assert {c.backend for c in slurm_m.cards.values()} == {"slurm"}
+    assert {n: c.vram_gib for n, c in local_m.cards.items()} == {n: c.vram_gib for n, c in slurm_m.cards.items()}
+    assert slurm_m.servers == local_m.servers and slurm_m.flags == local_m.flags
+    assert slurm_m.fixtures == local_m.fixtures and slurm_m.axes == local_m.axes
+    assert slurm_m.verdict == local_m.verdict and slurm_m.baseline == local_m.baseline
+    assert {c.options.gres_request for c in slurm_m.cards.values()} == {"gpu:rtx3090:1", "gpu:rtx5080:1"}
