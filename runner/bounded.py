@@ -104,7 +104,8 @@ def exchange(client: httpx.Client, method: str, url: str, *, deadline_s: float, 
         if isinstance(error, httpx.TimeoutException):
             raise Overdue(f"no whole answer within {deadline_s:g} s ({type(error).__name__})") from None
         raise error
-    return box["answer"]
+    answer: Answer = box["answer"]
+    return answer
 
 
 DEFAULT_SIDE = 2048  # when the matrix requests no size: the largest side vLLM-Omni's Qwen-Image serves by default
