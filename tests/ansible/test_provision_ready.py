@@ -10,6 +10,7 @@ share one host and run in file order.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -18,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -116,19 +118,34 @@ def cli(world, tmp_path: Path, *args: str, ev: dict | None = None) -> Cli:
 
 
 def interrupt_at(world, tmp_path: Path, task: str, *args: str, ev: dict | None = None) -> str:
-    """ansible-playbook, and a real SIGINT to its process group (what Ctrl-C does) as soon as it starts `task`."""
+    """A real SIGINT to ansible-playbook as soon as it starts `task`, repeated every 0.2 s until it exits.
+
+    To ansible-playbook itself, not its process group: Ctrl-C would also kill the task's own child (promtool),
+    failing the task so that its rescue runs before Ansible stops. Repeated: Ansible's handler raises
+    KeyboardInterrupt wherever the main thread is, and one raised inside a weakref callback is swallowed
+    ("Exception ignored") and the run goes on, as a person pressing Ctrl-C once can see. The callers check the
+    state the interruption left before they rely on it."""
     proc = subprocess.Popen(_argv(world, tmp_path, list(args), ev), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=_env(tmp_path), start_new_session=True)
-    out, hit = [], False
+    out, hit = [], threading.Event()
+
+    def keep_interrupting() -> None:
+        hit.wait()
+        while proc.poll() is None:  # not reaped yet: the PID is still this process's
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGINT)
+            time.sleep(0.2)
+
+    threading.Thread(target=keep_interrupting, daemon=True).start()
     assert proc.stdout is not None
     for line in proc.stdout:
         out.append(line)
-        if not hit and line.startswith("TASK [") and task in line:
-            os.killpg(proc.pid, signal.SIGINT)
-            hit = True
+        if not hit.is_set() and line.startswith("TASK [") and task in line:
+            hit.set()
     proc.wait(120)
+    hit.set()
     text = "".join(out)
-    assert hit, f"the run never reached {task!r}:\n{text[-3000:]}"
+    assert any(line.startswith("TASK [") and task in line for line in out), f"never reached {task!r}:\n{text[-3000:]}"
     assert proc.returncode != 0, text[-3000:]
     return text
 
@@ -273,9 +290,9 @@ def _sidecar_running(world, tmp_path: Path) -> dict[str, str]:
     """The sidecar as a plain run leaves it (started here if an earlier test left none)."""
     state = unit_state(world["host"])
     if state["ActiveState"] != "active":
-        r = cli(world, tmp_path, "--tags", "meters_sidecar")
-        assert r.rc == 0, r.out[-3000:]
+        r = cli(world, tmp_path, "-l", "rtx3090", "--tags", "meters_sidecar")
         state = unit_state(world["host"])
+        assert state["ActiveState"] == "active", (state, r.out[-3000:])
     return state
 
 
@@ -290,10 +307,11 @@ def test_new_code_runs_after_a_run_interrupted_before_the_restart(world, tmp_pat
     assert unit_state(host)["MainPID"] == before["MainPID"]
 
     r = cli(world, tmp_path, "-l", "rtx3090", "--tags", "meters_sidecar")
-    assert r.rc == 0 and "rtx3090 READY: meters_sidecar" in r.text, r.out[-3000:]
+    # What runs first (the point of the item), then what the run says.
     after = unit_state(host)
-    assert after["ActiveState"] == "active" and after["MainPID"] != before["MainPID"], (before, after)
+    assert after["ActiveState"] == "active" and after["MainPID"] != before["MainPID"], (before, after, r.out[-3000:])
     assert proc_of(after["MainPID"])[1]["RUNNER_METER_BUILD"] == unit_build(host)
+    assert r.rc == 0 and "rtx3090 READY: meters_sidecar" in r.text, r.out[-3000:]
 
 
 def test_a_new_unit_runs_after_a_run_interrupted_at_the_restart(world, tmp_path: Path) -> None:
@@ -308,10 +326,10 @@ def test_a_new_unit_runs_after_a_run_interrupted_at_the_restart(world, tmp_path:
     assert argv[argv.index("--hz") + 1] == "500"
 
     r = cli(world, tmp_path, "-l", "rtx3090", "--tags", "meters_sidecar", ev={"meters_sidecar_hz": 250})
-    assert r.rc == 0 and "rtx3090 READY: meters_sidecar" in r.text, r.out[-3000:]
     state = unit_state(host)
     argv = proc_of(state["MainPID"])[0]
-    assert argv[argv.index("--hz") + 1] == "250" and state["NeedDaemonReload"] == "no", (argv, state)
+    assert argv[argv.index("--hz") + 1] == "250" and state["NeedDaemonReload"] == "no", (argv, state, r.out[-3000:])
+    assert r.rc == 0 and "rtx3090 READY: meters_sidecar" in r.text, r.out[-3000:]
     # And back to the default, so a rerun of the module starts from a plain sidecar.
     r = cli(world, tmp_path, "-l", "rtx3090", "--tags", "meters_sidecar")
     assert r.rc == 0, r.out[-3000:]
