@@ -3,15 +3,15 @@
 cli.py only parses arguments and maps errors to exit codes; this module wires matrix → plan → pending →
 execute → rescore → verdict → store/report, and says what the exit status means:
 0 every card reached a world; 1 some card is undecided or the run is incomplete (steps a resume would
-still send); 2 bad input (UserError, raised before anything starts); 130 interrupted (Ctrl-C / SIGINT: what
-was kept and the exact resume command are printed, and a partial report is written).
+still send); 2 bad input (UserError, raised before anything starts; also a run folder another runner
+holds); 130 / 143 / 129 interrupted by SIGINT (Ctrl-C) / SIGTERM / SIGHUP (runner.interrupts: servers
+stopped, records kept, a partial report written, the exact resume command printed).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import shlex
-import signal
 import statistics
 import sys
 import threading
@@ -19,9 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from runner import preflight, runinfo
+from runner import inputs, preflight, runinfo, runlock
 from runner.errors import UserError
 from runner.events import Events, Fanout
+from runner.interrupts import Interrupts, exit_code
 from runner.matrix import Matrix, load_matrix
 from runner.pending import Pending, pending
 from runner.plan import Plan, make_plan
@@ -56,7 +57,12 @@ def open_run(matrix_path: str, results: str | None, resume: str | None) -> Opene
             raise UserError(f"{root}: not a run directory (no run.json)")
         store = RunStore(root)
         run_doc = store.load_run()
-        if run_doc["matrix"]["sha256"] != matrix.sha256:
+        recorded = run_doc.get("inputs")
+        if isinstance(recorded, dict) and recorded:  # every input the records depend on (runner.inputs)
+            diff = inputs.changes(recorded, inputs.fingerprint(matrix, plan, salt=str(run_doc["run_id"])))
+            if diff:
+                raise UserError(f"{matrix_path}: {inputs.refusal(run_doc['run_id'], diff)}")
+        elif run_doc["matrix"].get("sha256") != matrix.sha256:  # a run.json written before inputs were kept
             raise UserError(f"{matrix_path}: matrix changed since run {run_doc['run_id']} (sha256 differs)")
         return Opened(matrix, plan, store, run_doc["run_id"], run_doc, True)
     run_id = slug(matrix.run.name) + "-" + runinfo.iso_time(started).replace(":", "")
@@ -83,18 +89,30 @@ def resume_command(command: Sequence[str], root: Path) -> str:
     return shlex.join([*command, "--resume", str(root)])
 
 
-def execute(run: Opened, events: Events, todo: Pending) -> bool:
-    """Run what is pending. Returns True when interrupted (Ctrl-C); every finished step is on disk."""
+def execute(run: Opened, events: Events, todo: Pending, stop: threading.Event | None = None,
+            live: set | None = None) -> bool:
+    """Run what is pending. Returns True when interrupted (a signal set `stop`, or Ctrl-C where no handler
+    is installed); every finished step is on disk. `live` is filled with the servers up at any moment."""
     from runner.execute import RunContext, run_plan  # the executor pulls httpx, meters, backends
 
     records = {s.key: s for s in run.store.load_steps()}
     ctx = RunContext(matrix=run.matrix, plan=run.plan, store=run.store, run_id=run.run_id, events=events,
-                     records=records, todo=todo)
+                     records=records, todo=todo, stop=stop or threading.Event(),
+                     live=live if live is not None else set())
     try:
         run_plan(ctx)
     except KeyboardInterrupt:
         return True
-    return False
+    return ctx.stop.is_set()
+
+
+def kill_all(servers: set, grace_s: float = 5.0) -> None:
+    """Kill every server still up, side by side, waiting at most `grace_s` (an engine may not answer)."""
+    threads = [threading.Thread(target=s.kill, daemon=True) for s in list(servers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=grace_s / max(1, len(threads)))
 
 
 def finish(store: RunStore, matrix: Matrix, *, rescore: bool = True) -> list:
@@ -175,10 +193,26 @@ def run(matrix_path: str, *, results: str | None = None, resume: str | None = No
         command: Sequence[str] | None = None) -> int:
     """`command`: how this run was invoked, less --resume/--results (cli.py builds it), for the printed
     resume command."""
+    command = list(command) if command is not None else ["runner", matrix_path]
+    stop: threading.Event = threading.Event()
+    live: set = set()
+    interrupts = Interrupts(stop, lambda: kill_all(live))
+    interrupts.install()
+    try:
+        opened = open_run(matrix_path, results, resume)
+        lock = runlock.acquire(opened.store.root)  # a second runner on this folder is refused here
+        try:
+            return _run(opened, command, progress, metrics_port, skip_unreachable, interrupts, live)
+        finally:
+            lock.release()
+    finally:
+        interrupts.restore()
+
+
+def _run(opened: Opened, command: list[str], progress: bool, metrics_port: int | None, skip_unreachable: bool,
+         interrupts: Interrupts, live: set) -> int:
     from runner.progress import ProgressView
 
-    command = list(command) if command is not None else ["runner", matrix_path]
-    opened = open_run(matrix_path, results, resume)
     todo = left_to_do(opened) if opened.resumed else pending(opened.plan, (), ())
     if todo.steps:
         todo = check_reachable(opened.matrix, todo, skip_unreachable=skip_unreachable)
@@ -207,14 +241,13 @@ def run(matrix_path: str, *, results: str | None = None, resume: str | None = No
     try:
         if todo.steps:
             with view:
-                interrupted = execute(opened, events, todo)
+                interrupted = execute(opened, events, todo, interrupts.stop, live)
     finally:
         if exporter:
             exporter.close()
-    previous = None
-    if interrupted and threading.current_thread() is threading.main_thread():
-        # The records are safe; a second Ctrl-C must not cut the partial report short.
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    interrupts.phase = "report"  # a first signal from here on lets the report finish
+    interrupted = interrupted or interrupts.interrupted
+    if interrupted:
         print("runner: interrupted; writing the partial report (a few seconds)…", file=sys.stderr)
     finished = dt.datetime.now().timestamp()
     doc = {**opened.run_doc, "finished_at": finished, "finished_at_iso": runinfo.iso_time(finished),
@@ -223,18 +256,14 @@ def run(matrix_path: str, *, results: str | None = None, resume: str | None = No
         doc["resumes"] = [*opened.run_doc.get("resumes", []), {"at_iso": runinfo.iso_time(finished),
                                                                "steps_to_send": todo.steps}]
     opened.store.write_run(RunRecord.from_json(doc).to_json())  # the declared shape, or a TypeError here
-    try:
-        verdicts = finish(opened.store, opened.matrix, rescore=bool(todo.steps))
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+    verdicts = finish(opened.store, opened.matrix, rescore=bool(todo.steps))
     left = left_to_do(opened)
-    if interrupted:
+    if interrupted or interrupts.interrupted:
         done = left.planned_steps - left.steps
         print(f"runner: interrupted; kept {done} of {left.planned_steps} step(s) in {opened.store.root} "
               f"(partial report: {opened.store.root / 'report.md'}); {left.steps} left. Resume with:\n"
               f"  {resume_command(command, opened.store.root)}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return exit_code(interrupts.signum) if interrupts.signum else EXIT_INTERRUPTED
     if left.steps:
         print(f"runner: {left.steps} step(s) not done (see report); a resume sends them: "
               f"{resume_command(command, opened.store.root)}", file=sys.stderr)

@@ -23,9 +23,10 @@ import httpx
 from PIL import Image
 
 from runner import backends, baseline, bounded, dialects, policy, scoring
-from runner.backends.base import Attempt, RunningServer, StartFailed
+from runner.backends.base import Attempt, ExitInfo, RunningServer, StartFailed, StartInterrupted
 from runner.events import Events
 from runner.failures import classify_request, error_lines, references_dropped, without_stamp
+from runner.interrupts import Abandoned, interruptible
 from runner.matrix import Matrix
 from runner.meters import Meter, build_meters, idle_baseline
 from runner.pending import Pending, pending
@@ -36,7 +37,7 @@ from runner.store import RunStore
 from runner.units import slug
 from runner.vocab import Role
 
-RESTART_AFTER = {FailureClass.CRASH, FailureClass.TIMEOUT}
+RESTART_AFTER = {FailureClass.CRASH, FailureClass.TIMEOUT, FailureClass.STOPPED}
 RESPONSE_SOURCE = "server-response"  # the registry's entry for a peak the server reports in its response
 MEMORY_FLUSH_S = 10.0  # a running start's memory samples reach memory.csv at least this often
 
@@ -51,6 +52,7 @@ class RunContext:
     stop: threading.Event = field(default_factory=threading.Event)
     records: dict[str, StepRecord] = field(default_factory=dict)  # steps already recorded (resume), by key
     todo: Pending | None = None  # what is left to do; None: all of the plan
+    live: set[RunningServer] = field(default_factory=set)  # servers up now (a second Ctrl-C kills them)
 
     def __post_init__(self) -> None:
         if self.todo is None:
@@ -245,8 +247,10 @@ class SessionRunner:
         t0 = time.time()
         status, content, timed_out, problem = None, b"", False, None
         try:  # request_timeout_s is the whole answer's deadline, and the body has a cap (bounded.py)
-            answer = bounded.exchange(client, "POST", server.base_url + call.path, **call.httpx_kwargs(),
-                                      deadline_s=self.run.request_timeout_s, max_bytes=bounded.body_cap(self.run.size))
+            # On an interrupt the request in flight is abandoned at once (Abandoned), not waited for.
+            answer = interruptible(lambda: bounded.exchange(
+                client, "POST", server.base_url + call.path, **call.httpx_kwargs(),
+                deadline_s=self.run.request_timeout_s, max_bytes=bounded.body_cap(self.run.size)), self.ctx.stop)
             status, content = answer.status, answer.content
         except bounded.Overdue:
             timed_out = True
@@ -319,7 +323,13 @@ class SessionRunner:
         refs = self.ctx.matrix.fixtures[step.fixture].references[: step.references]
         timed = self.run.repeats
         total = timed + (1 if determinism_resend and timed == 1 else 0)
-        sends = self.send_repeats(client, server, call, step.references, total)
+        try:
+            sends = self.send_repeats(client, server, call, step.references, total)
+        except Abandoned:  # interrupted mid-request: nothing measured, a resume sends it again
+            return StepRecord(key=step.key, card=step.card, flags=step.flags, role=self.flags.role,
+                              fixture=step.fixture, references=step.references, seed=step.seed,
+                              status=Status.SKIPPED, skip_reason="run interrupted")
+        sends = replace(sends, failure=_engine_lost(sends.failure, server.exited()))
         peaks = _with_response_peak([m.window_peak(sends.t0, sends.t1) for m in meters],
                                     max(p.mib for p in sends.reported) if sends.reported else None)
         request = {"dialect": self.profile.dialect, "path": call.path, "steps": self.run.steps,
@@ -443,9 +453,12 @@ class _Server:
             m.start()
         self.ticker.start()
         self.checkpoint(force=True)
+        r.ctx.live.add(self.server)
         try:
             self.server.start()
-            self.ready_s = self.server.wait_ready(r.run.ready_timeout_s)
+            self.ready_s = self.server.wait_ready(r.run.ready_timeout_s, stop=r.ctx.stop)
+        except StartInterrupted:  # stopped while loading: not a start failure; the session's steps are skipped
+            pass
         except StartFailed as exc:
             self.failure = self.server.quote_failure(exc.failure)
         except Exception as exc:  # the backend itself failed (engine unreachable, bad image...)
@@ -486,6 +499,7 @@ class _Server:
         self.ticker.stop()
         self.server.stop()
         self.server.seal_log()  # no secret or raw escape stays in server.log
+        self.runner.ctx.live.discard(self.server)
         t_end = time.time()
         for m in self.meters:
             m.stop()
@@ -523,6 +537,16 @@ class _SessionLog:
             return cls()
         return cls(list(prior.starts), list(prior.session_peaks), list(prior.meters),
                    [*prior.notes, f"resumed with {pending} step(s) to do"], dict(prior.idle_baseline))
+
+
+def _engine_lost(failure: Failure | None, gone: ExitInfo | None) -> Failure | None:
+    """A request that failed while the server's engine went away measured nothing about the server: it is
+    `stopped` (a resume sends it again), not the connection error or crash it looked like."""
+    if failure is None or gone is None or gone.lost is None or failure.kind in (FailureClass.OOM,
+                                                                                 FailureClass.STOPPED):
+        return failure
+    return Failure(FailureClass.STOPPED, f"server lost during the request: {gone.lost}; not a measurement, a "
+                   f"resume sends it again", failure.evidence, failure.http_status, failure.exit_code)
 
 
 def _with_response_peak(peaks: list[Peak], peak_mb: float | None) -> tuple[Peak, ...]:

@@ -67,6 +67,11 @@ def _with_cause(message: str, text: str) -> str:
 HOST_OOM = ("killed by the kernel OOM killer: host memory (the container's memory limit or the machine's RAM), "
             "not device memory")
 
+# Exit codes of a server stopped by a signal someone else sent (the runner stops servers only between
+# requests): a shell's 128+N (containers: `docker stop`, an engine shutting down) or Popen's -N. SIGKILL is not
+# here: the kernel's OOM killer sends it too.
+OUTSIDE_STOP = {143: "SIGTERM", -15: "SIGTERM", 129: "SIGHUP", -1: "SIGHUP", 130: "SIGINT", -2: "SIGINT"}
+
 
 def classify_request(*, http_status: int | None, body: str, log_window: str, timed_out: bool,
                      server_exit: int | None, parse_problem: str | None, oom_killed: bool = False) -> Failure | None:
@@ -81,6 +86,11 @@ def classify_request(*, http_status: int | None, body: str, log_window: str, tim
     if ended is not None and not log_oom:
         return ended
     if server_exit is not None:
+        if not log_oom and server_exit in OUTSIDE_STOP:
+            return Failure(FailureClass.STOPPED,
+                           f"server was stopped from outside during the request (exit code {server_exit}: "
+                           f"{OUTSIDE_STOP[server_exit]}); not a measurement, a resume sends it again",
+                           _evidence(log_window), http_status, server_exit)
         if log_oom:
             return Failure(FailureClass.OOM, f"server exited with code {server_exit} during the request",
                            log_oom, http_status, server_exit, read_oom(body=body, log=log_window))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import stat
 import sys
 import tomllib
 from collections.abc import Mapping
@@ -28,6 +29,9 @@ ROLES = names(Role)
 MAX_SIDE = 16384  # pixels per side of a requested image
 MAX_TIMEOUT_S = 7 * 86400  # a timeout longer than a week is a typo, and must not mean "forever"
 PLACEHOLDERS = ("port", "host", "model", "python", "card", "gpu", "vram_gib", "flags")
+MAX_MATRIX_BYTES = 4 * 2**20
+MIN_SAMPLE_HZ = 0.1  # one sample every 10 s: slower says nothing about a request's peak
+
 # Card, flag-set, fixture, server and run names become folder and container names: identifiers only.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 NAME_RULE = "1-64 characters: letters, digits, '-', '_', '.'; starting with a letter or digit"
@@ -358,7 +362,8 @@ def _run(file: Path, t: _Table, base: Path) -> RunSettings:
         repeats=t.positive("repeats", int, 2, maximum=100),
         oom_implies_seeds=t.get("oom_implies_seeds", bool, True),
         require_idle_gpu=t.get("require_idle_gpu", bool, False),
-        sample_hz=float(t.positive("sample_hz", (int, float), 20, maximum=1000)),
+        # A floor as well as a ceiling: a rate near zero is a sampling period beyond any clock (1e-300 Hz).
+        sample_hz=t.between("sample_hz", MIN_SAMPLE_HZ, 1000, 20),
     )
     t.done()
     if (why := cfg_warning(run)) is not None:
@@ -572,6 +577,12 @@ def load_matrix(path: str | Path, *, check_files: bool = True, base: Path | None
     """`base` is the folder relative paths start from (default: the file's own folder)."""
     file = Path(path)
     try:
+        st = file.stat()
+        # Stat first: a FIFO (or /dev/zero) passed as the matrix would block the read forever.
+        if not stat.S_ISREG(st.st_mode):
+            raise UserError(f"{file}: cannot read matrix: not a regular file")
+        if st.st_size > MAX_MATRIX_BYTES:
+            raise UserError(f"{file}: cannot read matrix: {st.st_size} bytes (at most {MAX_MATRIX_BYTES})")
         raw = file.read_bytes()
     except OSError as exc:
         raise UserError(f"{file}: cannot read matrix: {exc.strerror}") from None

@@ -11,6 +11,7 @@ Conventions shared by every plot of a run, so a reader learns them once:
 
 from __future__ import annotations
 
+import io
 import itertools
 import re
 import statistics
@@ -28,6 +29,7 @@ from matplotlib.patches import Patch
 
 from runner.records import FailureClass, Peak, SessionRecord, Status, StepRecord
 from runner.registry import METERS
+from runner.store import atomic_write
 from runner.units import clip, fmt_bytes, fmt_s, unit_for
 from runner.verdict import Cell
 
@@ -72,8 +74,11 @@ def start_failure_label(kind: FailureClass | str) -> str:
 
 
 def save(fig: Figure, out: Path) -> Path:
-    fig.savefig(out, dpi=110, bbox_inches="tight")
+    """Written whole or not at all (a kill while the report is written leaves the previous plot)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
+    atomic_write(out, buf.getvalue())
     return out
 
 

@@ -110,6 +110,9 @@ class FailureClass(StrEnum):
     HTTP_ERROR = "http_error"  # an error status without OOM evidence
     BAD_RESPONSE = "bad_response"  # 200 but no decodable image (malformed JSON, no image, bad PNG)
     CONNECTION = "connection"  # could not talk to a live server
+    # The server was stopped from outside during the request (SIGTERM/SIGHUP/SIGINT exit code, its Docker
+    # engine went away): says nothing about the server or its memory; not done, a resume sends it again
+    STOPPED = "stopped"
     # 200 with an image, but the server served fewer references than were sent (vLLM-Omni 0.30 logs "Failed
     # to decode reference image" and drops it): the step did not test n references, so it never counts at n
     REFERENCES_DROPPED = "references_dropped"
@@ -330,6 +333,8 @@ class RunRecord:
     finished_at_iso: str | None = None
     interrupted: bool = False
     resumes: tuple[dict[str, Any], ...] = ()  # when, and how many steps each resume had to send
+    # digest per input the records depend on (runner.inputs): a resume whose inputs differ is refused
+    inputs: dict[str, str] = field(default_factory=dict)
     schema_version: int = _schema(required=True, minimum=1, default=SCHEMA_VERSION)
 
     def to_json(self) -> dict[str, Any]:

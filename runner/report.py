@@ -15,7 +15,7 @@ from runner.failures import without_stamp
 from runner.reconcile import reconcile, render
 from runner.records import Failure, SessionRecord, Status, StepRecord
 from runner.registry import METERS
-from runner.store import RunStore, inside, load_memory
+from runner.store import RunStore, atomic_write, inside, load_memory
 from runner.units import GIB, clip, fmt_bytes, fmt_s
 from runner.verdict import Cell, IdenticalPair, Verdict, identical_pairs
 from runner.verdict_text import findings_lines, summary
@@ -229,8 +229,18 @@ def write_report(store: RunStore, verdicts: list[Verdict]) -> Path:
         lines.append(f"| `{name}` | {what} | {state} |")
     lines += ["", "docs/meters.md has each source's rate, what it catches and what it misses.", ""]
     path = store.root / "report.md"
-    path.write_text("\n".join(lines) + "\n")
+    atomic_write(path, ("\n".join(lines) + "\n").encode())  # whole or the previous one, never half
     return path
+
+
+def _fresh(image: Path, sources: list[Path]) -> bool:
+    """A session's plot newer than every record it draws is kept: a resume that sent one step of a
+    100-session run redraws that session's plot, not all of them."""
+    try:
+        drawn = image.stat().st_mtime_ns
+    except OSError:
+        return False
+    return all(p.stat().st_mtime_ns < drawn for p in sources if p.exists())
 
 
 def _card_section(store: RunStore, v: Verdict, cards: dict[str, Any], sessions: list[SessionRecord],
@@ -282,11 +292,16 @@ def _card_section(store: RunStore, v: Verdict, cards: dict[str, Any], sessions: 
             image = plots.save(fig, _plot_path(out, f"{v.card}-{name}.png"))
             lines += [f"![{quote.markdown(v.card)} {name}](plots/{image.name})", ""]
     for s in card_sessions:
-        rows = load_memory(store.session_dir(s.key) / "memory.csv")
-        fig = plots.session_figure(s, [st for st in card_steps if st.flags == s.flags], rows, capacity)
-        if fig is not None:
-            image = plots.save(fig, _plot_path(out, f"{s.card}--{s.flags}-memory.png"))
-            lines += [f"![{quote.markdown(s.key)} memory](plots/{image.name})", ""]
+        image = _plot_path(out, f"{s.card}--{s.flags}-memory.png")
+        folder = store.session_dir(s.key)
+        if not _fresh(image, [folder / "session.json", folder / "memory.csv", *folder.glob("refs-*/*.json")]):
+            rows = load_memory(folder / "memory.csv")
+            fig = plots.session_figure(s, [st for st in card_steps if st.flags == s.flags], rows, capacity)
+            if fig is None:
+                image.unlink(missing_ok=True)
+                continue
+            plots.save(fig, image)
+        lines += [f"![{quote.markdown(s.key)} memory](plots/{image.name})", ""]
     failures = [st for st in card_steps if st.status == Status.FAILED and st.failure]
     if failures:
         lines += ["Failures with evidence:", ""]

@@ -11,7 +11,7 @@ import socket
 from importlib import metadata
 from typing import Any
 
-from runner import __version__
+from runner import __version__, inputs
 from runner.matrix import Matrix
 from runner.plan import Plan
 from runner.secrets import mask_text
@@ -50,6 +50,7 @@ def run_doc(matrix: Matrix, plan: Plan, run_id: str, started: float) -> dict[str
                          "gpu": c.gpu, "server": c.server, "image": matrix.servers[c.server].image,
                          "meters": list(c.meters)} for name, c in matrix.cards.items()},
         "plan": {"lanes": len(plan.lanes), "steps": len(plan.steps), "sessions": [s.key for s in plan.sessions]},
+        "inputs": inputs.fingerprint(matrix, plan, salt=run_id),
     }
 
 

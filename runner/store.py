@@ -12,6 +12,7 @@ import csv
 import io
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -86,9 +87,54 @@ def write_json(path: Path, doc: Any) -> None:
     atomic_write(path, (json.dumps(doc, indent=2, sort_keys=False) + "\n").encode())
 
 
+class BadRecord(ValueError):
+    """A file where a record should be that is not one (empty, truncated, not JSON, wrong shape)."""
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """A record file's JSON object, or BadRecord saying in words what is wrong with it."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise BadRecord(f"cannot read it: {exc.strerror}") from None
+    if not data.strip():
+        raise BadRecord(f"empty ({len(data)} bytes)")
+    try:
+        doc = json.loads(data)
+    except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
+        raise BadRecord(f"not valid JSON ({getattr(exc, 'msg', exc)}; {len(data)} bytes, truncated?)") from None
+    if not isinstance(doc, dict):
+        raise BadRecord(f"not a JSON object (a {type(doc).__name__})")
+    return doc
+
+
 class RunStore:
-    def __init__(self, root: Path) -> None:
+    """Reads skip a file that is not a readable record, with one warning line naming it (once per file): one
+    bad file must not make a run unresumable or unreportable. A step that was skipped is simply pending again
+    (a resume writes it anew); a step record counts only where its key matches its path, so a copied file
+    (`… (copy).json`) is never counted twice."""
+
+    def __init__(self, root: Path, warn: Any = None) -> None:
         self.root = root
+        self._warn = warn or (lambda line: print(line, file=sys.stderr))
+        self._warned: set[str] = set()
+        self._memory_t: dict[tuple[str, int], dict[tuple[str, str], float]] = {}  # last t written per series
+
+    def skipped(self, path: Path, why: str) -> None:
+        line = f"runner: warning: skipping {path}: {why}"
+        if line not in self._warned:
+            self._warned.add(line)
+            self._warn(line)
+
+    def _load(self, path: Path, parse: Any) -> Any:
+        try:
+            return parse(read_record(path))
+        except BadRecord as exc:
+            self.skipped(path, str(exc))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            what = f"missing key {exc}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
+            self.skipped(path, f"not a record of this runner ({what[:200]})")
+        return None
 
     def step_path(self, key: str) -> Path:
         return inside(self.root, f"{key}.json")
@@ -115,37 +161,78 @@ class RunStore:
         write_json(self.session_dir(record.key) / "session.json", record.to_json())
 
     def write_memory(self, session_key: str, series: Iterable[Series], attempt: int) -> None:
-        """memory.csv: one row per sample (t, attempt, source, metric, bytes) of every server start. The rows
-        of `attempt` are replaced by `series`, so a running start can be written again as it grows (a kill
-        keeps what was written last) while earlier starts' rows are kept."""
+        """memory.csv: one row per sample (t, attempt, source, metric, bytes) of every server start. The first
+        write of an attempt replaces that attempt's rows (earlier starts' rows are kept); later writes of a
+        running start append only the samples newer than the last written one of each series, so a 4-hour
+        session is never rewritten whole every flush. A kill mid-append leaves at most one partial last line,
+        which readers skip."""
         path = self.session_dir(session_key) / "memory.csv"
-        header = "t,attempt,source,metric,bytes\n"
-        old = path.read_text().splitlines(keepends=True)[1:] if path.exists() else []
+        done = self._memory_t.get((session_key, attempt))
         out = io.StringIO()
-        out.write(header)
-        out.writelines(line for line in old if line.split(",", 2)[1:2] != [str(attempt)])
-        writer = csv.writer(out)
+        writer = csv.writer(out, lineterminator="\n")
+        last: dict[tuple[str, str], float] = dict(done or {})
         for s in series:
+            newer = last.get((s.source, s.metric), float("-inf"))
             for t, v in zip(s.t, s.value, strict=True):
-                writer.writerow((f"{t:.4f}", attempt, s.source, s.metric, v))
-        atomic_write(path, out.getvalue().encode())
+                if t > newer:
+                    writer.writerow((f"{t:.4f}", attempt, s.source, s.metric, v))
+            if s.t:
+                last[(s.source, s.metric)] = max(newer, s.t[-1])
+        if done is None:
+            header = "t,attempt,source,metric,bytes\n"
+            old = path.read_text(errors="replace").splitlines(keepends=True)[1:] if path.exists() else []
+            kept = [line for line in old if line.endswith("\n") and line.split(",", 2)[1:2] != [str(attempt)]]
+            atomic_write(path, (header + "".join(kept) + out.getvalue()).encode())
+        elif out.tell():
+            try:
+                with path.open("a") as f:
+                    f.write(out.getvalue())
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError as exc:
+                raise _store_error(path, exc) from None
+        self._memory_t[(session_key, attempt)] = last
 
     def load_steps(self) -> list[StepRecord]:
         records = []
         for path in sorted(self.root.glob("*/*/refs-*/*.json")):
-            records.append(StepRecord.from_json(json.loads(path.read_text())))
+            record = self._load(path, StepRecord.from_json)
+            if record is None:
+                continue
+            relative = path.relative_to(self.root).with_suffix("").as_posix()
+            if record.key != relative:
+                self.skipped(path, f"its key {record.key!r} is not its path (a copy?); not counted")
+                continue
+            records.append(record)
         return records
 
     def load_sessions(self) -> list[SessionRecord]:
-        return [SessionRecord.from_json(json.loads(p.read_text()))
-                for p in sorted(self.root.glob("*/*/session.json"))]
+        out = []
+        for path in sorted(self.root.glob("*/*/session.json")):
+            record = self._load(path, SessionRecord.from_json)
+            if record is not None and record.key == path.parent.relative_to(self.root).as_posix():
+                out.append(record)
+            elif record is not None:
+                self.skipped(path, f"its key {record.key!r} is not its folder (a copy?); not counted")
+        return out
 
     def load_session(self, session_key: str) -> SessionRecord | None:
         path = self.session_dir(session_key) / "session.json"
-        return SessionRecord.from_json(json.loads(path.read_text())) if path.exists() else None
+        return self._load(path, SessionRecord.from_json) if path.exists() else None
 
     def load_run(self) -> dict[str, Any]:
-        return json.loads((self.root / "run.json").read_text())
+        """run.json is the run's identity (its matrix, inputs, id): unreadable, it ends the command with one
+        line naming it (UserError), never a traceback."""
+        path = self.root / "run.json"
+        try:
+            doc = read_record(path)
+        except BadRecord as exc:
+            raise UserError(f"{path}: {exc}; the run cannot be checked against its matrix (restore the file "
+                            f"or start a new run)") from None
+        missing = [k for k in ("run_id", "matrix") if k not in doc]
+        if missing or not isinstance(doc["matrix"], dict) or "text" not in doc["matrix"]:
+            raise UserError(f"{path}: not a run.json of this runner (missing {', '.join(missing) or 'matrix.text'})")
+        return doc
 
     def read_png(self, key: str) -> bytes | None:
         path = self.root / f"{key}.png"
@@ -153,8 +240,14 @@ class RunStore:
 
 
 def load_memory(path: Path) -> list[tuple[float, int, str, str, int]]:
+    """memory.csv's rows; a row that is not one (a kill mid-append, an edit) is left out."""
     if not path.exists():
         return []
-    with path.open() as f:
-        return [(float(r["t"]), int(r["attempt"]), r["source"], r["metric"], int(r["bytes"]))
-                for r in csv.DictReader(f)]
+    rows = []
+    with path.open(errors="replace", newline="") as f:
+        for r in csv.DictReader(f):
+            try:
+                rows.append((float(r["t"]), int(r["attempt"]), str(r["source"]), str(r["metric"]), int(r["bytes"])))
+            except (KeyError, TypeError, ValueError):
+                continue
+    return rows

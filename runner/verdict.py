@@ -446,9 +446,11 @@ def fits_resident(f: Facts) -> Decision | None:
 
 
 def offload_works(f: Facts) -> Decision | None:
-    """An offload flag set serves the target with a latency interval not above the limit (nor straddling)."""
+    """An offload flag set serves the target with a latency interval not above the limit (nor straddling),
+    and no default was stopped by something that says nothing about memory: a default that hung, crashed
+    without OOM text or was stopped from outside does not show that the card needs offload (issue 18)."""
     flags = next((o for o in f.offloads if f.stops[o].stop == Stop.SERVED), None)
-    if flags is None:
+    if flags is None or any(f.stops[d].stop == Stop.UNKNOWN for d in f.defaults):
         return None
     lat = f.stops[flags].latency
     notes = ()

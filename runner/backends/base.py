@@ -7,6 +7,7 @@ with the exit code and the log tail (vLLM-Omni may exit at an init OOM, or hang 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -39,6 +40,11 @@ class Attempt:
 class ExitInfo:
     code: int | None
     oom_killed: bool = False
+    lost: str | None = None  # the server can no longer be seen, and why (its Docker engine went away)
+
+
+class StartInterrupted(Exception):
+    """The run was interrupted while the server loaded; it has been stopped (not a start failure)."""
 
 
 class StartFailed(Exception):
@@ -105,6 +111,10 @@ class RunningServer(ABC):
     @abstractmethod
     def stop(self) -> None: ...
 
+    def kill(self) -> None:
+        """Stop at once (a second Ctrl-C): no grace period; best effort, never raises."""
+        self.stop()
+
     def host_memory_bytes(self) -> int | None:
         """Host RAM held by the server (RSS or container usage); None when unknown."""
         return None
@@ -157,12 +167,16 @@ class RunningServer(ABC):
     def log_tail(self, size: int = 16_384) -> str:
         return self.read_log(max(0, self.log_size() - size))
 
-    def wait_ready(self, deadline_s: float, poll_s: float = 0.25) -> float:
-        """Seconds until ready; raises StartFailed (after stopping the server) when it never is."""
+    def wait_ready(self, deadline_s: float, poll_s: float = 0.25, stop: threading.Event | None = None) -> float:
+        """Seconds until ready; raises StartFailed (after stopping the server) when it never is, and
+        StartInterrupted (after stopping it) as soon as `stop` is set."""
         t0 = time.monotonic()
         url = self.base_url + self.plan.profile.health_path
         with httpx.Client() as client:
             while True:
+                if stop is not None and stop.is_set():
+                    self.stop()
+                    raise StartInterrupted()
                 gone = self.exited()
                 if gone is not None:
                     self.stop()

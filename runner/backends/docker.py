@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import docker
+import requests
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.models.containers import Container
 from docker.types import DeviceRequest
@@ -37,6 +38,9 @@ from runner.secrets import resolve_env
 MANAGED = "runner.managed"
 STOP_TIMEOUT_S = 10  # SIGTERM grace before the engine sends SIGKILL
 LOG_DRAIN_S = 5.0  # how long exited()/stop() wait for the log stream to reach the file
+# What the SDK raises when the engine itself is gone (dockerd stopped, the ssh link cut): requests' own
+# ConnectionError is not a DockerException.
+ENGINE_GONE = (DockerException, requests.exceptions.RequestException, OSError)
 WILDCARD = ("", "0.0.0.0", "::")
 
 
@@ -317,6 +321,11 @@ class DockerServer(RunningServer):
         except NotFound:
             self._exit = ExitInfo(None)
             return self._exit
+        except ENGINE_GONE as exc:  # the engine went away: the server is lost to this run, whatever it does
+            why = f"its Docker engine {self._info['docker_host']} does not answer: {type(exc).__name__}"
+            self._exit = ExitInfo(None, lost=why)
+            self._info.update(engine_lost=f"{why}: {exc}"[:500])
+            return self._exit
         state = self.container.attrs.get("State") or {}
         if state.get("Status") in ("created", "running", "restarting", "paused"):
             return None
@@ -341,12 +350,22 @@ class DockerServer(RunningServer):
                 self._drain_logs()
                 with contextlib.suppress(NotFound):
                     self.container.remove(force=True)
-        except DockerException as exc:
+        except ENGINE_GONE as exc:
             if not (isinstance(exc, APIError) and exc.status_code == 409):  # 409: removal already under way
                 self._info["stop_error"] = f"{type(exc).__name__}: {exc}"[:500]
+        except Exception as exc:  # the docstring promises it never raises, whatever the SDK does
+            self._info["stop_error"] = f"{type(exc).__name__}: {exc}"[:500]
         finally:
             if self.client is not None:
-                self.client.close()
+                with contextlib.suppress(Exception):
+                    self.client.close()
+
+    def kill(self) -> None:
+        """SIGKILL now, then the usual removal (a second Ctrl-C); never raises."""
+        if self.container is not None and not self._stopped:
+            with contextlib.suppress(Exception):
+                self.container.kill()
+        self.stop()
 
     def foreign_answer(self) -> str | None:
         """The runner talks to the port the engine published for this container: it must still be this
@@ -357,6 +376,8 @@ class DockerServer(RunningServer):
             self.container.reload()
         except NotFound:
             return f"container {self.name} is gone; not probing port {self.host_port}"
+        except ENGINE_GONE as exc:
+            return f"the Docker engine does not answer ({type(exc).__name__}); not probing port {self.host_port}"
         port = published_port(self.container, self.profile.port)
         if port != self.host_port:
             return (f"port {self.host_port} is no longer published by container {self.name} "
@@ -374,7 +395,7 @@ class DockerServer(RunningServer):
                 return None  # the cgroup goes with the container
         try:
             stats = self.container.stats(stream=False, one_shot=True)
-        except (NotFound, APIError):
+        except ENGINE_GONE:
             return None
         return working_set(stats)
 

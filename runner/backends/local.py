@@ -194,6 +194,12 @@ class LocalServer(RunningServer):
             if self._record is not None:
                 self._record.unlink(missing_ok=True)
 
+    def kill(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.stop()
+
     def host_memory_bytes(self) -> int | None:
         if self.proc is None or self.proc.poll() is not None:
             return None

@@ -1,0 +1,70 @@
+"""Issue 18 item 3: a default flag set that says nothing about memory (a hang, a crash without OOM text, a
+server stopped from outside) never lets the card be offload-works, and a request cut by a SIGTERM from
+outside (`crash … code 143` before) is a `stopped` failure that a resume sends again."""
+
+from __future__ import annotations
+
+import pytest
+
+from runner.failures import classify_request
+from runner.matrix import VerdictRules
+from runner.pending import step_done
+from runner.records import Failure, FailureClass, Peak, Sanity, Scores, ServerStart, SessionRecord, Status, StepRecord
+from runner.verdict import World, decide
+
+RULES = VerdictRules(target_references=2, max_latency_ratio=2.5, min_psnr_db=20, offload_roles=("offload",),
+                     max_transparent_share=0.5, min_pixel_std=2.0)
+GOOD = Sanity(64, 64, "RGB", 0.0, 40.0, False, False)
+
+
+def step(flags: str, role: str, n: int, kind: FailureClass | None = None, *, wall: float = 1.0) -> StepRecord:
+    status = Status.FAILED if kind else Status.OK
+    return StepRecord(key=f"c/{flags}/refs-{n}/f-seed-1", card="c", flags=flags, role=role, fixture="f",
+                      references=n, seed=1, status=status, wall_s=wall, wall_samples_s=(wall, wall * 1.01),
+                      failure=Failure(kind, "no response within the request deadline") if kind else None,
+                      image_sha256=None if kind else f"{flags}{n}",
+                      peaks=(Peak("nvml", "device", 2**30, 100, 100.0, True),),
+                      scores=None if kind else Scores("b", 30.0, 0.9, True, None, GOOD))
+
+
+def session(flags: str, role: str) -> SessionRecord:
+    return SessionRecord(f"c/{flags}", "c", flags, role, "local", (ServerStart(0, 0.0, 1.0, None),))
+
+
+@pytest.mark.parametrize("kind", [FailureClass.TIMEOUT, FailureClass.CRASH, FailureClass.STOPPED])
+def test_default_that_says_nothing_about_memory_makes_the_card_undecided(kind: FailureClass) -> None:
+    steps = [step("default", "default", 1), step("default", "default", 2, kind),
+             step("host", "offload", 1, wall=1.2), step("host", "offload", 2, wall=1.5)]
+    v = decide("c", steps, [session("default", "default"), session("host", "offload")], RULES)
+    assert v.world == World.UNDECIDED, v.reason
+    assert v.evidence["blocking"][0]["record"] == "c/default/refs-2/f-seed-1"
+    assert "offload 'host' serves 2 reference(s), which decides nothing" in v.reason
+
+
+def test_default_out_of_memory_still_gives_offload_works() -> None:
+    steps = [step("default", "default", 1), step("default", "default", 2, FailureClass.OOM),
+             step("host", "offload", 1, wall=1.2), step("host", "offload", 2, wall=1.5)]
+    v = decide("c", steps, [session("default", "default"), session("host", "offload")], RULES)
+    assert v.world == World.OFFLOAD_WORKS and v.flags == "host"
+
+
+@pytest.mark.parametrize(("code", "signal"), [(143, "SIGTERM"), (-15, "SIGTERM"), (129, "SIGHUP"), (-2, "SIGINT")])
+def test_a_server_stopped_from_outside_is_stopped_not_crash(code: int, signal: str) -> None:
+    f = classify_request(http_status=None, body="", log_window="INFO: Shutting down\n", timed_out=False,
+                         server_exit=code, parse_problem=None)
+    assert f is not None and f.kind == FailureClass.STOPPED and signal in f.message and f.exit_code == code
+    record = StepRecord(key="c/d/refs-1/f-seed-1", card="c", flags="d", role="default", fixture="f",
+                        references=1, seed=1, status=Status.FAILED, failure=f, lost=True)
+    assert not step_done(record)  # a resume sends it again
+
+
+def test_a_crash_and_an_oom_exit_stay_what_they_are() -> None:
+    crash = classify_request(http_status=None, body="", log_window="Segmentation fault\n", timed_out=False,
+                             server_exit=139, parse_problem=None)
+    assert crash is not None and crash.kind == FailureClass.CRASH
+    oom = classify_request(http_status=None, body="", log_window="torch.OutOfMemoryError: CUDA out of memory\n",
+                           timed_out=False, server_exit=143, parse_problem=None)
+    assert oom is not None and oom.kind == FailureClass.OOM
+    killed = classify_request(http_status=None, body="", log_window="", timed_out=False, server_exit=137,
+                              parse_problem=None)
+    assert killed is not None and killed.kind != FailureClass.STOPPED  # SIGKILL: the OOM killer sends it too
