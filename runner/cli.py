@@ -20,8 +20,11 @@ EXIT_HELP = """exit status of a run:
   0    every card reached a world (fits-resident, offload-works, not-built)
   1    some card is undecided, or steps are left that --resume would send
   2    bad input (one line naming file/key/value; nothing started), or a host a card uses
-       does not answer (one line per card; --skip-unreachable runs the other cards)
-  130  interrupted (Ctrl-C): finished steps kept, partial report written, resume command printed"""
+       does not answer (one line per card; --skip-unreachable runs the other cards),
+       does not answer, or a run folder another runner holds (the line names it)
+  130  interrupted by SIGINT (Ctrl-C), 143 by SIGTERM, 129 by SIGHUP: servers stopped,
+       finished steps kept, partial report written, resume command printed; a second
+       signal stops at once"""
 
 COMMANDS = ("run", "plan", "report", "compare", "schema", "provision", "refserver", "meter")
 
