@@ -25,7 +25,7 @@ from PIL import Image
 from runner import backends, baseline, bounded, dialects, policy, scoring
 from runner.backends.base import Attempt, ExitInfo, RunningServer, StartFailed, StartInterrupted
 from runner.events import Events
-from runner.failures import classify_request, error_lines, references_dropped, without_stamp
+from runner.failures import classify_request, error_lines, references_dropped, without_addresses, without_stamp
 from runner.interrupts import Abandoned, interruptible
 from runner.matrix import Matrix
 from runner.meters import Meter, build_meters, idle_baseline
@@ -344,7 +344,7 @@ class SessionRunner:
         try:
             image = scoring.decode(served.image_bytes, bounded.pixel_cap(self.run.size))
         except Exception as exc:  # any undecodable payload is a bad response, with its reason
-            problem = f"image does not decode: {type(exc).__name__}: {exc}"
+            problem = without_addresses(f"image does not decode: {type(exc).__name__}: {exc}")
             failure = step.failure or Failure(FailureClass.BAD_RESPONSE, problem, ())
             return replace(step, status=Status.FAILED, failure=failure, image=None, image_sha256=None,
                            deterministic=None), None

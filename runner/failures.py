@@ -169,5 +169,14 @@ def _ended_by_scheduler(text: str, when: str = "during the request") -> Failure 
     return Failure(CLUSTER_CLASS[end.cause], f"server {what} {when}", (end.line, *tail(text, 4)))
 
 
+# An object's repr inside an exception message (`<_io.BytesIO object at 0x7f3a…>`): a different address every
+# run, so the same failure would read differently each time (and `runner compare` would see a change).
+_OBJECT_REPR = re.compile(r"<([\w.]+) object at 0x[0-9a-fA-F]+>")
+
+
+def without_addresses(text: str) -> str:
+    return _OBJECT_REPR.sub(lambda m: f"<{m.group(1)}>", text)
+
+
 def tail(text: str, lines: int = 8) -> tuple[str, ...]:
     return tuple(line[:400] for line in text.strip().splitlines()[-lines:])
