@@ -29,6 +29,7 @@ from runner.failures import classify_request, error_lines, references_dropped, w
 from runner.interrupts import Abandoned, interruptible
 from runner.matrix import Matrix
 from runner.meters import Meter, build_meters, idle_baseline
+from runner.pauses import PauseWatch
 from runner.pending import Pending, pending
 from runner.plan import Plan, Session, Step
 from runner.records import Failure, FailureClass, Peak, ServerStart, SessionRecord, Status, StepRecord
@@ -53,6 +54,7 @@ class RunContext:
     records: dict[str, StepRecord] = field(default_factory=dict)  # steps already recorded (resume), by key
     todo: Pending | None = None  # what is left to do; None: all of the plan
     live: set[RunningServer] = field(default_factory=set)  # servers up now (a second Ctrl-C kills them)
+    pauses: PauseWatch | None = None  # notices the runner itself being stopped (SIGSTOP / Ctrl-Z)
 
     def __post_init__(self) -> None:
         if self.todo is None:
@@ -315,6 +317,11 @@ class SessionRunner:
                 different = seen.image_bytes
         return Sends(tuple(sends), first, failure, different, tuple(reported))
 
+    def _skipped(self, step: Step, reason: str) -> StepRecord:
+        return StepRecord(key=step.key, card=step.card, flags=step.flags, role=self.flags.role,
+                          fixture=step.fixture, references=step.references, seed=step.seed,
+                          status=Status.SKIPPED, skip_reason=reason)
+
     def execute(self, client: httpx.Client, server: RunningServer, meters: list[Meter], step: Step,
                 attempt: int, determinism_resend: bool) -> StepRecord | Served:
         """Send a step's request `repeats` times (timed), plus once untimed for the determinism re-send, and
@@ -326,10 +333,13 @@ class SessionRunner:
         try:
             sends = self.send_repeats(client, server, call, step.references, total)
         except Abandoned:  # interrupted mid-request: nothing measured, a resume sends it again
-            return StepRecord(key=step.key, card=step.card, flags=step.flags, role=self.flags.role,
-                              fixture=step.fixture, references=step.references, seed=step.seed,
-                              status=Status.SKIPPED, skip_reason="run interrupted")
+            return self._skipped(step, "run interrupted")
         sends = replace(sends, failure=_engine_lost(sends.failure, server.exited()))
+        paused = self.ctx.pauses.paused_s(sends.t0, sends.t1) if self.ctx.pauses else 0.0
+        if paused > 0 and (sends.failure is None or sends.failure.kind == FailureClass.TIMEOUT):
+            # Its wall time (or its timeout) is the pause, not the server: discarded, a resume sends it again.
+            return self._skipped(step, f"runner suspended for {paused:.1f} s during the request (SIGSTOP / "
+                                 f"Ctrl-Z): not a measurement")
         peaks = _with_response_peak([m.window_peak(sends.t0, sends.t1) for m in meters],
                                     max(p.mib for p in sends.reported) if sends.reported else None)
         request = {"dialect": self.profile.dialect, "path": call.path, "steps": self.run.steps,
@@ -607,6 +617,18 @@ def start_failure_line(failure: Failure) -> str:
 def run_plan(ctx: RunContext) -> list[SessionRecord]:
     """Run what is pending: one thread per lane, sessions one after another within a lane."""
     refs, baselines = References(), Baselines(ctx.matrix, ctx.store)
+    assert ctx.todo is not None
+    own_watch = ctx.pauses is None
+    if ctx.pauses is None:
+        ctx.pauses = PauseWatch().start()
+    try:
+        return _run_lanes(ctx, refs, baselines)
+    finally:
+        if own_watch:
+            ctx.pauses.stop()
+
+
+def _run_lanes(ctx: RunContext, refs: References, baselines: Baselines) -> list[SessionRecord]:
     assert ctx.todo is not None
     lanes = ctx.todo.lanes
 
