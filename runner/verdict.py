@@ -305,15 +305,9 @@ def blocked(flags: str, role: str, target: int, steps: list[StepRecord], session
                        "oom-at-load" if at_load else "start", None, f.kind.value)
     mine = sorted((s for s in steps if s.flags == flags), key=attrgetter("references", "fixture", "seed"))
     at = [s for s in mine if s.references == target]
-    if not at:
-        served = [n for n in sorted({s.references for s in mine})
-                  if all(_usable(s, rules) is None for s in mine if s.references == n)]
-        seen = _quality_below(mine, target, rules) or (f"serves ≤{served[-1]}" if served else None)
-        return Blocked(flags, role, Stop.UNKNOWN, f"{target} reference(s) not in the run"
-                       + (f" ({seen} below it)" if seen else ""), None, cause="absent", references=target,
-                       detail=seen)
     by_key = {s.key: s for s in mine}
-    # The deciding OOM: the one a skip at the target names (implied_by), else the first at or below it.
+    # The deciding OOM: the one a skip at the target names (implied_by), else the first at or below it (an
+    # OOM below the target implies it even where the target's steps are not recorded).
     named = [by_key[s.implied_by] for s in at if s.implied_by in by_key]
     oom = next((s for s in named + mine if s.references <= target and s.failure
                 and s.failure.kind == FailureClass.OOM), None)
@@ -323,6 +317,13 @@ def blocked(flags: str, role: str, target: int, steps: list[StepRecord], session
         return Blocked(flags, role, Stop.CAPACITY, f"out of memory at {oom.references} reference(s){implied}: "
                        f"{oom.failure.message}" + (f"; {also} before it" if also else ""), oom.key,
                        server_says(oom.failure), "oom", oom.references, also)
+    if not at:
+        served = [n for n in sorted({s.references for s in mine})
+                  if all(_usable(s, rules) is None for s in mine if s.references == n)]
+        seen = _quality_below(mine, target, rules) or (f"serves ≤{served[-1]}" if served else None)
+        return Blocked(flags, role, Stop.UNKNOWN, f"{target} reference(s) not in the run"
+                       + (f" ({seen} below it)" if seen else ""), None, cause="absent", references=target,
+                       detail=seen)
     problems = [(s, *why) for s in at if (why := _usable(s, rules))]
     quality = next(((s, blocker, why) for s, blocker, why in problems if blocker in ("broken", "low-psnr")), None)
     if quality:
@@ -464,7 +465,10 @@ def undecided(f: Facts) -> Decision | None:
     """Some default or offload flag set was stopped by something that says nothing about memory."""
     if not any(f.stops[x].stop == Stop.UNKNOWN for x in f.defaults + f.offloads):
         return None
-    return Decision(World.UNDECIDED, stops=f.others(None), notes=_non_offload_note(f))
+    serving = [o for o in f.offloads if f.stops[o].stop == Stop.SERVED]
+    held = tuple(f"offload '{o}' serves {f.target} reference(s), which decides nothing while a default was stopped "
+                 f"by something that says nothing about memory" for o in serving)
+    return Decision(World.UNDECIDED, stops=f.others(None), notes=held + _non_offload_note(f))
 
 
 def not_built(f: Facts) -> Decision:

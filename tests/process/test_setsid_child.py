@@ -12,8 +12,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from runner.backends.base import ServerSpec, StartFailed
+from runner.backends.base import Attempt, StartFailed
 from runner.backends.local import LocalServer
+from runner.matrix import ServerProfile
+from runner.plan import ServerPlan
 
 # Forks a child that leaves the process group (setsid) and sleeps; the parent then exits (mode "exit") or
 # serves /health and stays (mode "stay").
@@ -53,9 +55,9 @@ def alive(pid: int) -> bool:
 def test_a_setsid_child_does_not_outlive_its_server(tmp_path: Path, mode: str) -> None:
     script, pidfile, port = tmp_path / "server.py", tmp_path / "child.pid", free_port()
     script.write_text(SERVER)
-    spec = ServerSpec(name=f"t-setsid-{mode}", argv=(sys.executable, str(script), mode, str(port), str(pidfile)),
-                      env={}, host="127.0.0.1", port=port, health_path="/", log_path=tmp_path / "server.log")
-    server = LocalServer(spec)
+    argv = (sys.executable, str(script), mode, str(port), str(pidfile))
+    plan = ServerPlan(backend="local", profile=ServerProfile(name="t", command=argv, port=port), argv=argv, env={})
+    server = LocalServer(plan, Attempt(name=f"t-setsid-{mode}", log_path=tmp_path / "server.log"))
     server.start()
     child = None
     try:
