@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime as dt
 import shlex
-import statistics
 import sys
 import threading
 from collections.abc import Sequence
@@ -25,7 +24,7 @@ from runner.events import Events, Fanout
 from runner.interrupts import Interrupts, exit_code
 from runner.matrix import Matrix, load_matrix
 from runner.pending import Pending, pending
-from runner.plan import Plan, make_plan
+from runner.plan import Plan, make_plan, sends_text
 from runner.records import RunRecord
 from runner.registry import BACKENDS, load
 from runner.store import RunStore
@@ -80,7 +79,7 @@ def banner(run: Opened, todo: Pending) -> str:
                 f"→ {run.store.root}")
     of = f" of {todo.planned_sessions}" if run.resumed else ""
     return (f"runner: run {run.run_id}: {len(todo.sessions)}{of} session(s), {todo.steps} step(s) to send"
-            f"{f' of {todo.planned_steps}' if run.resumed else ''} × {run.matrix.run.repeats} timed send(s) "
+            f"{f' of {todo.planned_steps}' if run.resumed else ''} × {sends_text(run.matrix.run)} "
             f"→ {run.store.root}")
 
 
@@ -129,16 +128,11 @@ def finish(store: RunStore, matrix: Matrix, *, rescore: bool = True) -> list:
     if rescore:
         rescore_against_cell(matrix, store)
     steps, sessions = store.load_steps(), store.load_sessions()
-    wall = None
-    if matrix.baseline and matrix.baseline.directory:
-        target = matrix.verdict.target_references
-        try:
-            samples = baseline.load_samples(matrix.baseline.directory)
-        except UserError as exc:  # the report still comes out; only the baseline's latency is missing
-            print(f"runner: warning: {exc}", file=sys.stderr)
-            samples = []
-        walls = [s.wall_s for s in samples if s.wall_s and s.references in (target, None)]
-        wall = statistics.fmean(walls) if walls else None
+    try:
+        wall = baseline.wall_s(matrix)
+    except UserError as exc:  # the report still comes out; only the baseline's latency is missing
+        print(f"runner: warning: {exc}", file=sys.stderr)
+        wall = None
     capacities = {c.name: round(c.vram_gib * GIB) for c in matrix.cards.values()}
     allocator = allocator_pairs((f.name, f.args, f.env) for f in matrix.flags.values())
     verdicts = decide_all(steps, sessions, matrix.verdict, list(dict.fromkeys(s.card for s in steps)), wall,

@@ -4,11 +4,15 @@ like the seed's Diffusers attempt) or a cell of this same run (CARD/FLAGS, same 
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.errors import UserError
+
+if TYPE_CHECKING:
+    from runner.matrix import Matrix
 
 
 @dataclass(frozen=True)
@@ -85,3 +89,13 @@ def _first_difference(mine: tuple[str, ...], theirs: tuple[str, ...]) -> str:
         if i >= len(theirs) or word != theirs[i]:
             return " ".join(mine[max(0, i - 1): i + 2])
     return "(shorter)"
+
+
+def wall_s(matrix: Matrix) -> float | None:
+    """The sealed baseline's mean recorded wall time at the target count (any count when unstated): the
+    latency reference when no default serves a common count. Raises UserError for an unreadable baseline."""
+    if not (matrix.baseline and matrix.baseline.directory):
+        return None
+    target = matrix.verdict.target_references
+    walls = [s.wall_s for s in load_samples(matrix.baseline.directory) if s.wall_s and s.references in (target, None)]
+    return statistics.fmean(walls) if walls else None

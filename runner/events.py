@@ -16,6 +16,7 @@ class Events:
     # ready_s None: the server did not start; `why` then says why (failure class and the server's own line)
     def session_ready(self, card: str, flags: str, ready_s: float | None, why: str | None = None) -> None: ...
     def step_done(self, record: StepRecord) -> None: ...
+    def topup_done(self, record: StepRecord) -> None: ...  # a recorded step got more sends (repeats = auto)
     def memory(self, card: str, device_bytes: int | None) -> None: ...
     def lane_done(self, lane: str) -> None: ...
 
@@ -45,6 +46,10 @@ class Fanout(Events):
     def step_done(self, record: StepRecord) -> None:
         for x in self.listeners:
             x.step_done(record)
+
+    def topup_done(self, record: StepRecord) -> None:
+        for x in self.listeners:
+            x.topup_done(record)
 
     def memory(self, card: str, device_bytes: int | None) -> None:
         for x in self.listeners:

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 from PIL import Image
 
-from runner import backends, baseline, bounded, dialects, policy, scoring
+from runner import backends, baseline, bounded, dialects, policy, scoring, sequential, verdict
 from runner.backends.base import Attempt, ExitInfo, RunningServer, StartFailed, StartInterrupted
 from runner.events import Events
 from runner.failures import classify_request, error_lines, references_dropped, without_addresses, without_stamp
@@ -32,7 +32,7 @@ from runner.meters import Meter, build_meters, idle_baseline
 from runner.pauses import PauseWatch
 from runner.pending import Pending, pending
 from runner.plan import Plan, Session, Step
-from runner.records import Failure, FailureClass, Peak, ServerStart, SessionRecord, Status, StepRecord
+from runner.records import Failure, FailureClass, Peak, SendTime, ServerStart, SessionRecord, Status, StepRecord
 from runner.registry import BACKENDS, METERS, load
 from runner.store import RunStore
 from runner.units import slug
@@ -51,14 +51,40 @@ class RunContext:
     run_id: str
     events: Events = field(default_factory=Events)
     stop: threading.Event = field(default_factory=threading.Event)
-    records: dict[str, StepRecord] = field(default_factory=dict)  # steps already recorded (resume), by key
+    # Every step recorded so far (by earlier runs of a resume, and by this one as records are written), by key
+    records: dict[str, StepRecord] = field(default_factory=dict)
     todo: Pending | None = None  # what is left to do; None: all of the plan
     live: set[RunningServer] = field(default_factory=set)  # servers up now (a second Ctrl-C kills them)
     pauses: PauseWatch | None = None  # notices the runner itself being stopped (SIGSTOP / Ctrl-Z)
+    lock: threading.Lock = field(default_factory=threading.Lock)  # guards `records` across lanes
 
     def __post_init__(self) -> None:
         if self.todo is None:
             self.todo = pending(self.plan, self.records.values(), ())
+
+    def recorded(self, card: str) -> list[StepRecord]:
+        with self.lock:
+            return [r for r in self.records.values() if r.card == card]
+
+    def record(self, record: StepRecord) -> None:
+        with self.lock:
+            self.records[record.key] = record
+
+    def topups(self, session: Session) -> tuple[policy.TopUp, ...]:
+        """What `repeats = "auto"` asks of this session now: top-up sends for the open latency ratios of its
+        card, as the records stand (a pure function of them: resume continues where a run stopped)."""
+        if not self.matrix.run.auto_repeats:
+            return ()
+        steps = self.recorded(session.card)
+        sessions = [s for f in self.matrix.axes.flags
+                    if (s := self.store.load_session(f"{session.card}/{f}")) is not None]
+        try:
+            wall = baseline.wall_s(self.matrix)
+        except Exception:  # an unreadable baseline only loses the baseline's latency, as in the verdict
+            wall = None
+        open_ = verdict.open_latencies(session.card, steps, sessions, self.matrix.verdict, wall)
+        return policy.topups([lat.sides for lat in open_ if lat.sides], steps, session.card, session.flags,
+                             self.matrix.run.max_repeats)
 
 
 def attempt_of(ctx: RunContext, session: Session, attempt: int) -> Attempt:
@@ -171,11 +197,12 @@ def step_record(step: Step, role: str, attempt: int, sends: Sends, timed: int, p
     """The step's record from its sends (pure): a failure (with the first send's image kept when it was
     served), or a served step whose image is scored off the request path."""
     last, failure, first, reported = sends.sends[-1], sends.failure, sends.first, sends.reported
+    samples = tuple(s.wall_s for s in sends.sends[:timed] if s is not last or failure is None)
     base = StepRecord(
         key=step.key, card=step.card, flags=step.flags, role=Role(role), fixture=step.fixture,
         references=step.references, seed=step.seed, status=Status.OK, attempt=attempt, started_at=sends.t0,
-        wall_s=sends.sends[0].wall_s,
-        wall_samples_s=tuple(s.wall_s for s in sends.sends[:timed] if s is not last or failure is None),
+        wall_s=sends.sends[0].wall_s, wall_samples_s=samples,
+        sends=tuple(SendTime(s.t0, s.wall_s, i < len(samples)) for i, s in enumerate(sends.sends)),
         peaks=peaks, request=dict(request), server_peak_mib=reported[0].mib if reported else None,
         server_peak_source=reported[0].source if reported else None,
         server_peak_measures=reported[0].measures if reported else None)
@@ -197,8 +224,10 @@ def step_record(step: Step, role: str, attempt: int, sends: Sends, timed: int, p
 
 class SessionRunner:
     def __init__(self, ctx: RunContext, session: Session, refs: References, baselines: Baselines,
-                 scorer: ThreadPoolExecutor | None = None) -> None:
+                 scorer: ThreadPoolExecutor | None = None, topups: tuple[policy.TopUp, ...] = ()) -> None:
         self.ctx, self.session, self.refs, self.baselines = ctx, session, refs, baselines
+        self.first_topups = topups  # a top-up pass: a session restarted only for these sends
+        self._topped_up: set[str] = set()
         self.card = ctx.matrix.cards[session.card]
         self.flags = ctx.matrix.flags[session.flags]
         self.profile = ctx.matrix.servers[self.card.server]
@@ -214,7 +243,11 @@ class SessionRunner:
 
     def _emit(self, record: StepRecord, png: bytes | None = None) -> StepRecord:
         self.ctx.store.write_step(record, png)
-        self.ctx.events.step_done(record)
+        self.ctx.record(record)
+        if record.key in self._topped_up:
+            self.ctx.events.topup_done(record)
+        else:
+            self.ctx.events.step_done(record)
         return record
 
     def _submit(self, work: StepRecord | Served) -> None:
@@ -347,6 +380,49 @@ class SessionRunner:
                    "sends": len(sends.sends), "references": [self.refs.digest(p) for p in refs]}
         return step_record(step, self.flags.role, attempt, sends, timed, peaks, request)
 
+    def top_up(self, client: httpx.Client, server: RunningServer, meters: list[Meter], topup: policy.TopUp,
+               ) -> StepRecord:
+        """`repeats = "auto"`: send a recorded, served step's request `topup.sends` more times, timed, and
+        return its record with the new samples (and sends, peaks, determinism) added. A failing send ends
+        the step as that failure, as a failing repeat does: the step did not reliably serve."""
+        old = self.ctx.records[topup.key]
+        step = Step(old.card, old.flags, old.fixture, old.references, old.seed)
+        call = self._request(step)
+        walls, times, reported = [], [], []
+        failure: Failure | None = None
+        different: bytes | None = None
+        first = last = None
+        for i in range(topup.sends):
+            sent = last = self._send(client, server, call)
+            first = first or sent
+            seen = self._observe(sent, step.references)
+            times.append(SendTime(sent.t0, sent.wall_s, seen.failure is None))
+            if seen.server_peak is not None:
+                reported.append(seen.server_peak.mib)
+            if seen.failure is not None:
+                n = len(old.sends or old.wall_samples_s or (1,)) + i + 1
+                failure = replace(seen.failure, message=f"send {n} of the same request (an auto top-up): "
+                                                        f"{seen.failure.message}")
+                break
+            walls.append(sent.wall_s)
+            if different is None and hashlib.sha256(seen.image_bytes or b"").hexdigest() != old.image_sha256:
+                different = seen.image_bytes
+        assert first is not None and last is not None
+        new_peaks = _with_response_peak([m.window_peak(first.t0, last.t1) for m in meters], max(reported, default=None))
+        record = replace(
+            old, wall_samples_s=(*(old.wall_samples_s or (old.wall_s,) if old.wall_s else ()), *walls),
+            sends=(*old.sends, *times), peaks=_merge_peaks(old.peaks, new_peaks),
+            request={**old.request, "sends": int(old.request.get("sends", 1)) + len(times)},
+            deterministic=(old.deterministic is not False) and different is None)
+        if different is not None and old.repeat_psnr_db is None and (png := self.ctx.store.read_png(old.key)):
+            with contextlib.suppress(Exception):  # an undecodable repeat is simply not comparable
+                record = replace(record, repeat_psnr_db=scoring.score(scoring.decode(different),
+                                                                      scoring.decode(png), None).psnr_db)
+        if failure is not None:
+            lost = failure.kind in RESTART_AFTER or last.exit_code is not None
+            record = replace(record, status=Status.FAILED, failure=failure, lost=lost)
+        return record
+
     def score(self, served: Served) -> tuple[StepRecord, bytes | None]:
         """Decode, PSNR/SSIM against the baseline and the sanity checks (off the request path). Returns the
         record and the PNG to keep beside it (none when the image does not decode: a bad response)."""
@@ -374,14 +450,15 @@ class SessionRunner:
 
     # -- the session: a thin loop around policy.next_action -------------------------------------------
     def run_session(self) -> SessionRecord:
-        log = _SessionLog.resume(self.ctx.store.load_session(self.session.key), len(self.session.steps))
+        log = _SessionLog.resume(self.ctx.store.load_session(self.session.key), len(self.session.steps),
+                                 sum(t.sends for t in self.first_topups))
         on_gpu = self.card.gpu is not None or any(m in METERS and METERS.get(m).reads_gpu for m in self.card.meters)
         rules = policy.Rules(restarts=self.run.restarts, stop_after_oom=self.run.stop_after_oom,
                              oom_implies_seeds=self.run.oom_implies_seeds,
                              determinism_resend=self.run.determinism_check and self.run.repeats == 1,
-                             gpu_gate=on_gpu)
-        recorded = [r for r in self.ctx.records.values() if r.card == self.card.name and r.flags == self.flags.name]
-        state = policy.initial(rules, self.session.steps, recorded, attempt=len(log.starts))
+                             gpu_gate=on_gpu, auto_repeats=self.run.auto_repeats)
+        recorded = [r for r in self.ctx.recorded(self.card.name) if r.flags == self.flags.name]
+        state = policy.initial(rules, self.session.steps, recorded, attempt=len(log.starts), topups=self.first_topups)
         outcome: policy.Outcome = policy.Begin()
         server: _Server | None = None
         try:
@@ -409,6 +486,20 @@ class SessionRunner:
                             self._submit(work)
                             server.checkpoint()
                             outcome = policy.Sent(step, record.failure.kind if record.failure else None, lost)
+                        case policy.Look():
+                            self.drain()  # the look needs every record of this session written
+                            outcome = policy.Looked(self.ctx.topups(self.session))
+                        case policy.SendMore(topup=topup):
+                            assert server is not None
+                            record = self.top_up(client, server.server, server.meters, topup)
+                            lost = record.lost or server.server.exited() is not None
+                            if lost:
+                                log.notes.append(f"server lost during a top-up of {topup.key} "
+                                                 f"({record.failure.kind if record.failure else 'exit'})")
+                            self._topped_up.add(record.key)
+                            self._submit(record)
+                            server.checkpoint()
+                            outcome = policy.SentMore(topup, record.failure.kind if record.failure else None, lost)
                         case policy.Skip(steps=steps, reason=reason, implied_by=implied):
                             for step in steps:
                                 self._submit(self._base(step, Status.SKIPPED, skip_reason=reason, implied_by=implied))
@@ -542,11 +633,13 @@ class _SessionLog:
         return [*self.peaks, *self.current_peaks]
 
     @classmethod
-    def resume(cls, prior: SessionRecord | None, pending: int) -> _SessionLog:
+    def resume(cls, prior: SessionRecord | None, pending: int, topup_sends: int = 0) -> _SessionLog:
         if prior is None:
             return cls()
-        return cls(list(prior.starts), list(prior.session_peaks), list(prior.meters),
-                   [*prior.notes, f"resumed with {pending} step(s) to do"], dict(prior.idle_baseline))
+        why = (f"restarted for {topup_sends} top-up send(s) on an open latency ratio (repeats = auto)"
+               if topup_sends and not pending else f"resumed with {pending} step(s) to do")
+        return cls(list(prior.starts), list(prior.session_peaks), list(prior.meters), [*prior.notes, why],
+                   dict(prior.idle_baseline))
 
 
 def _engine_lost(failure: Failure | None, gone: ExitInfo | None) -> Failure | None:
@@ -568,6 +661,18 @@ def _with_response_peak(peaks: list[Peak], peak_mb: float | None) -> tuple[Peak,
     refines = METERS.get(RESPONSE_SOURCE).refines
     at = next((i for i, p in enumerate(peaks) if p.source == refines), len(peaks))
     return (*peaks[:at], reported, *peaks[at:])
+
+
+def _merge_peaks(old: tuple[Peak, ...], new: tuple[Peak, ...]) -> tuple[Peak, ...]:
+    """A step's peaks after more sends of its request: per source and metric the higher available figure
+    (the same request may peak higher on a later send), in the order the step listed them."""
+    fresh = {(p.source, p.metric): p for p in new}
+    out = []
+    for p in old:
+        q = fresh.pop((p.source, p.metric), None)
+        better = q is not None and q.available and (not p.available or (q.bytes or 0) > (p.bytes or 0))
+        out.append(replace(q, samples=q.samples + p.samples) if better and q is not None else p)
+    return (*out, *fresh.values())
 
 
 def _max_by_source(peaks: list[Peak]) -> tuple[Peak, ...]:
@@ -614,6 +719,27 @@ def start_failure_line(failure: Failure) -> str:
     return f"{text} — {said}" if said and said not in failure.message else text
 
 
+def _topup_passes(ctx: RunContext, lane_name: str, refs: References, baselines: Baselines,
+                  scorer: ThreadPoolExecutor) -> list[SessionRecord]:
+    """`repeats = "auto"` after a lane's sessions: while an open latency ratio asks a session whose server
+    is no longer up for more sends, restart that session for them (its server up again, the session's own
+    look then takes the next level). Each session is restarted at most once per level, so this ends."""
+    if not ctx.matrix.run.auto_repeats:
+        return []
+    lane = next(x for x in ctx.plan.lanes if x.name == lane_name)  # every session, not only the pending ones
+    restarts: dict[str, int] = {}
+    out = []
+    while not ctx.stop.is_set():
+        asked = next(((s, t) for s in lane.sessions if restarts.get(s.key, 0) < len(sequential.levels(
+            ctx.matrix.run.max_repeats)) and (t := ctx.topups(s))), None)
+        if asked is None:
+            break
+        session, topups = asked
+        restarts[session.key] = restarts.get(session.key, 0) + 1
+        out.append(SessionRunner(ctx, replace(session, steps=()), refs, baselines, scorer, topups).run_session())
+    return out
+
+
 def run_plan(ctx: RunContext) -> list[SessionRecord]:
     """Run what is pending: one thread per lane, sessions one after another within a lane."""
     refs, baselines = References(), Baselines(ctx.matrix, ctx.store)
@@ -644,6 +770,7 @@ def _run_lanes(ctx: RunContext, refs: References, baselines: Baselines) -> list[
             # After an interrupt, later sessions still record their steps as skipped ("run interrupted")
             # without starting anything, so the partial report shows what was not done.
             out = [SessionRunner(ctx, s, refs, baselines, scorer).run_session() for s in lane.sessions]
+            out += _topup_passes(ctx, lane.name, refs, baselines, scorer)
         ctx.events.lane_done(lane.name)
         return out
 

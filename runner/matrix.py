@@ -13,7 +13,7 @@ import stat
 import sys
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from runner.errors import UserError
 from runner.registry import BACKENDS, DIALECTS, METERS, BackendOptions, OptionError, Options, listed_meters
+from runner.sequential import looks
 from runner.units import slug
 from runner.vocab import Role, names
 
@@ -51,10 +52,13 @@ class RunSettings:
     stop_after_oom: bool  # an OOM at n references implies the larger counts of that session
     restarts: int  # server restarts allowed per session after a crash
     determinism_check: bool  # send each session's first step twice (when repeats == 1)
-    repeats: int  # timed sends of each step's request; with >= 2 their image bytes are compared
+    repeats: int  # timed sends of each step's request; with >= 2 their image bytes are compared (auto: 1)
     oom_implies_seeds: bool  # an OOM at n references also implies the remaining seeds at n
     require_idle_gpu: bool
     sample_hz: float
+    # repeats = "auto": one timed send per step, more only where a latency ratio is open (runner.sequential)
+    auto_repeats: bool = False
+    max_repeats: int = 1  # auto: the most timed sends of one step
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,9 @@ class VerdictRules:
     offload_roles: tuple[str, ...]
     max_transparent_share: float
     min_pixel_std: float
+    # How often a latency ratio may be looked at ([run] repeats = "auto": runner.sequential.looks); 1: one
+    # fixed set of sends, judged once by the percentile bootstrap.
+    latency_looks: int = 1
 
 
 @dataclass(frozen=True)
@@ -346,6 +353,7 @@ def _run(file: Path, t: _Table, base: Path) -> RunSettings:
     results_text = t.get("results_dir", str, "results")
     if not results_text.strip() or "\0" in results_text:
         raise t.err("results_dir", f"must be a folder path, got {_show(results_text)}")
+    repeats, auto, max_repeats = _repeats(t)
     run = RunSettings(
         name=name or (slug(file.stem).strip(".-_")[:64] or "run"),
         seeds=seeds,
@@ -359,16 +367,34 @@ def _run(file: Path, t: _Table, base: Path) -> RunSettings:
         stop_after_oom=t.get("stop_after_oom", bool, True),
         restarts=restarts,
         determinism_check=t.get("determinism_check", bool, True),
-        repeats=t.positive("repeats", int, 2, maximum=100),
+        repeats=repeats,
         oom_implies_seeds=t.get("oom_implies_seeds", bool, True),
         require_idle_gpu=t.get("require_idle_gpu", bool, False),
         # A floor as well as a ceiling: a rate near zero is a sampling period beyond any clock (1e-300 Hz).
         sample_hz=t.between("sample_hz", MIN_SAMPLE_HZ, 1000, 20),
+        auto_repeats=auto, max_repeats=max_repeats,
     )
     t.done()
     if (why := cfg_warning(run)) is not None:
         print(f"runner: warning: {file}: {why}", file=sys.stderr)
     return run
+
+
+def _repeats(t: _Table) -> tuple[int, bool, int]:
+    """(timed sends per step on the first pass, auto?, max_repeats). `repeats` is "auto" (the default) or
+    a fixed count; `max_repeats` belongs to auto only."""
+    value = t.get("repeats", (int, str), "auto", what='"auto" or an integer')
+    if isinstance(value, str) and value != "auto":
+        raise t.err("repeats", f'must be "auto" or an integer, got {_show(value)}')
+    if value == "auto":
+        max_repeats = t.get("max_repeats", int, 8)
+        if not 2 <= max_repeats <= 100:
+            raise t.err("max_repeats", f"must be from 2 to 100, got {max_repeats}")
+        return 1, True, max_repeats
+    if "max_repeats" in t.data:
+        t.seen.add("max_repeats")
+        raise t.err("max_repeats", f'applies only to repeats = "auto", but repeats = {value}')
+    return t.positive("repeats", int, maximum=100), False, value
 
 
 def cfg_warning(run: RunSettings) -> str | None:
@@ -602,6 +628,8 @@ def load_matrix(path: str | Path, *, check_files: bool = True, base: Path | None
     axes = _axes(file, root.sub("matrix"), cards, flags, fixtures)
     baseline = _baseline(file, root.sub("baseline"), base, cards, flags)
     verdict = _verdict(root.sub("verdict"), axes)
+    if run.auto_repeats:
+        verdict = replace(verdict, latency_looks=looks(run.max_repeats))
     root.done()
 
     needed = [(f"fixtures.{fx}.references[{i}]", "reference image", p) for fx in axes.fixtures

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from runner.matrix import TEMPLATE_TOKEN, Card, FlagSet, Matrix, ServerProfile
+from runner.matrix import TEMPLATE_TOKEN, Card, FlagSet, Matrix, RunSettings, ServerProfile
 from runner.registry import BACKENDS, BackendOptions, LocalOptions
 from runner.secrets import MASK, mask_env
 from runner.units import GIB, fmt_bytes
@@ -179,6 +179,13 @@ def make_plan(matrix: Matrix) -> Plan:
     return Plan(tuple(Lane(d, tuple(cards_of[d]), tuple(ss)) for d, ss in by_device.items()))
 
 
+def sends_text(run: RunSettings) -> str:
+    """How many timed sends each step gets, in words: `repeats` fixed, or auto's one and its ceiling."""
+    if run.auto_repeats:
+        return f"1 timed send (repeats = auto: up to {run.max_repeats} where a latency ratio is open)"
+    return f"{run.repeats} timed send(s)"
+
+
 def describe(plan: Plan, matrix: Matrix) -> str:
     """The text `runner plan` prints: what would start and what would be sent, nothing run."""
     run = matrix.run
@@ -186,7 +193,7 @@ def describe(plan: Plan, matrix: Matrix) -> str:
     lines = [
         f"matrix {matrix.path} (sha256 {matrix.sha256[:12]}), run '{run.name}'",
         f"{len(plan.lanes)} lane(s) in parallel, {len(plan.sessions)} session(s), "
-        f"{len(plan.steps)} step(s) × {run.repeats} timed send(s); {run.steps} steps, size {size}, "
+        f"{len(plan.steps)} step(s) × {sends_text(run)}; {run.steps} steps, size {size}, "
         f"seeds {list(run.seeds)}",
     ]
     for lane in plan.lanes:
@@ -211,7 +218,7 @@ def describe(plan: Plan, matrix: Matrix) -> str:
                     shown = (f"{k}={v if v == MASK else shlex.quote(v)}" for k, v in env.items())
                     lines.append("      env " + " ".join(shown))
             refs = sorted({st.references for st in s.steps})
-            lines.append(f"    {len(s.steps)} step(s) × {run.repeats} timed send(s): references {refs} × fixtures "
+            lines.append(f"    {len(s.steps)} step(s) × {sends_text(run)}: references {refs} × fixtures "
                          f"{list(matrix.axes.fixtures)} × seeds {list(run.seeds)}")
             if s.request is not None:
                 rq = s.request

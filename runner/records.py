@@ -24,6 +24,7 @@ from runner.vocab import MemoryMetric, Role
 
 # 2: implied_by, wall_samples_s, schema_version; a start may be open (stopped_at null) after a kill
 # 3: server_peak_mb -> server_peak_mib + server_peak_source + server_peak_measures; failure references_dropped
+# (3 also: sends, added with a default: readers of 3 without it see no send times)
 SCHEMA_VERSION = 3
 
 
@@ -195,6 +196,20 @@ class Scores:
 
 
 @dataclass(frozen=True)
+class SendTime:
+    """One HTTP send of a step's request: when, how long, and whether it is one of the timed samples (the
+    determinism re-send is not; a send that failed is not)."""
+
+    started_at: float  # epoch seconds
+    wall_s: float = _schema(minimum=0)
+    timed: bool
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SendTime:
+        return cls(**d)
+
+
+@dataclass(frozen=True)
 class StepRecord:
     """<card>/<flags>/refs-<n>/<fixture>-seed-<s>.json"""
 
@@ -227,6 +242,9 @@ class StepRecord:
     deterministic: bool | None = None  # the request sent again (repeats / first-step check): same bytes?
     repeat_psnr_db: float | None = None  # when not identical: PSNR of the differing repeat against the first image
     request: dict[str, Any] = field(default_factory=dict)
+    # Every send of this request in order, top-ups of `repeats = "auto"` included: its cost, and when each
+    # timed sample existed (the report's "verdict known at"). Empty in records written before it existed.
+    sends: tuple[SendTime, ...] = ()
     schema_version: int = _schema(required=True, minimum=1, default=SCHEMA_VERSION)
 
     SCHEMA_EXTRA: ClassVar[dict[str, Any]] = {"allOf": [
@@ -257,6 +275,7 @@ class StepRecord:
             "failure": Failure.from_json(d["failure"]) if d.get("failure") else None,
             "peaks": tuple(Peak.from_json(p) for p in d.get("peaks", ())),
             "wall_samples_s": tuple(d.get("wall_samples_s", ())),
+            "sends": tuple(SendTime.from_json(x) for x in d.get("sends", ())),
             "scores": Scores.from_json(d["scores"]) if d.get("scores") else None,
         })
 

@@ -20,12 +20,15 @@ Latency: every timed send of a served step (`wall_samples_s`, repeats × seeds �
 cell's wall time is their median with the min–max spread. A latency ratio is median over median, with a
 95% percentile-bootstrap interval (each side resampled on its own, fixed seed: still a pure function). With
 two samples a side that interval is about the min–max pairing; more repeats narrow it, min–max would not.
+Under `repeats = "auto"` (rules.latency_looks > 1) the interval is runner.sequential's instead: Welch's t on
+log wall times at 1 − 0.05 / looks, the one that decided when to stop sending (docs/matrix.md).
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+import math
 import random
 import statistics
 from collections.abc import Callable
@@ -34,6 +37,7 @@ from enum import StrEnum
 from operator import attrgetter
 from typing import Any
 
+from runner import sequential
 from runner.failures import error_lines, without_stamp
 from runner.findings.models import Findings
 from runner.matrix import VerdictRules
@@ -241,8 +245,17 @@ class Latency:
     reference_wall_s: float
     samples: tuple[int, int]  # timed sends: offload side, reference side
     references: int | None = None  # the count both sides were timed at (the console and report say it)
+    # The two cells compared, as (flags, references); the reference side is None for a baseline wall time.
+    sides: tuple[tuple[str, int], tuple[str, int] | None] | None = None
+
+    @property
+    def bounded(self) -> bool:
+        return math.isfinite(self.high)
 
     def text(self) -> str:
+        if not self.bounded:
+            return (f"latency ratio {self.ratio:.2f} [unbounded: fewer than two timed sends on a side] "
+                    f"vs {self.reference}")
         return f"latency ratio {self.ratio:.2f} [{self.low:.2f}–{self.high:.2f}] vs {self.reference}"
 
 
@@ -265,20 +278,27 @@ def _walls(cell: Cell) -> tuple[float, ...]:
     return cell.walls_s or ((cell.wall_s,) if cell.wall_s else ())  # verdict.json of earlier runs: no samples
 
 
-def _ratio(off: Cell, ref: Cell | None, base_wall: float | None, what: str, n: int) -> Latency | None:
-    """Median over median with its bootstrap interval (a recorded baseline wall time is one sample)."""
+def _ratio(off: Cell, ref: Cell | None, base_wall: float | None, what: str, n: int, looks: int = 1
+           ) -> Latency | None:
+    """Median over median with its bootstrap interval (a recorded baseline wall time is one sample); under
+    auto (looks > 1) the geometric-mean ratio with runner.sequential's interval."""
     num = _walls(off)
     den = _walls(ref) if ref is not None else (base_wall,) if base_wall else ()
     if not num or not den:
         return None
+    sides = ((off.flags, off.references), None if ref is None else (ref.flags, ref.references))
     ratio = statistics.median(num) / statistics.median(den)
-    low, high = ratio_interval(num, den)
-    return Latency(round(ratio, 3), round(low, 3), round(high, 3), what, round(statistics.median(den), 4),
-                   (len(num), len(den)), n)
+    if looks > 1:
+        iv = sequential.ratio_interval(num, den, looks=looks, den_exact=ref is None)
+        ratio, low, high = (ratio, 0.0, math.inf) if iv is None else (iv.ratio, iv.low, iv.high)
+    else:
+        low, high = ratio_interval(num, den)
+    return Latency(round(ratio, 3), round(low, 3), high if math.isinf(high) else round(high, 3), what,
+                   round(statistics.median(den), 4), (len(num), len(den)), n, sides)
 
 
 def latency(flags: str, cells: list[Cell], defaults: list[str], target: int,
-            baseline_wall_s: float | None) -> Latency | None:
+            baseline_wall_s: float | None, looks: int = 1) -> Latency | None:
     """Offload at n vs default at n for the largest n both serve (the same workload on both sides); else
     the offload cell at the target vs the baseline's recorded wall time; else unknown."""
     served = {(c.flags, c.references): c for c in cells if c.served and c.wall_s}
@@ -287,10 +307,11 @@ def latency(flags: str, cells: list[Cell], defaults: list[str], target: int,
     if common:
         n, d = common[-1]
         return _ratio(served[(flags, n)], served[(d, n)], None,
-                      f"default '{d}' at {n} reference(s), both sides at {n}", n)
+                      f"default '{d}' at {n} reference(s), both sides at {n}", n, looks)
     if (flags, target) in served and baseline_wall_s:
         return _ratio(served[(flags, target)], None, baseline_wall_s,
-                      f"the baseline's recorded wall time ({baseline_wall_s:g} s) at {target} reference(s)", target)
+                      f"the baseline's recorded wall time ({baseline_wall_s:g} s) at {target} reference(s)", target,
+                      looks)
     return None
 
 
@@ -422,7 +443,8 @@ class Facts:
 
     def _judge_latency(self, served: Blocked) -> Blocked:
         flags, cell = served.flags, self.at[served.flags]
-        lat = latency(flags, list(self.cells), self.defaults, self.target, self.baseline_wall_s)
+        lat = latency(flags, list(self.cells), self.defaults, self.target, self.baseline_wall_s,
+                      self.rules.latency_looks)
         limit = self.rules.max_latency_ratio
         if lat is not None and lat.low > limit:
             return replace(served, stop=Stop.LATENCY, why=f"serves {self.target} but too slow: {lat.text()}, "
@@ -431,7 +453,8 @@ class Facts:
         if lat is not None and lat.high > limit:
             return replace(served, stop=Stop.UNKNOWN, why=f"serves {self.target}, but {lat.text()} straddles "
                            f"{limit:g}: rerun with more repeats", record=cell.steps[0], cause="straddles",
-                           latency=lat, detail=f"{lat.low:.2f}–{lat.high:.2f}× straddles {limit:g}")
+                           latency=lat, detail=(f"{lat.low:.2f}–{lat.high:.2f}× straddles {limit:g}" if lat.bounded
+                                                else f"{lat.ratio:.2f}×, unbounded (one timed send a side)"))
         return replace(served, latency=lat)
 
     def others(self, decided: str | None) -> tuple[Blocked, ...]:
@@ -485,6 +508,15 @@ def _non_offload_note(f: Facts) -> tuple[str, ...]:
             f"for this verdict",) if served else ()
 
 
+def _facts(card: str, steps: list[StepRecord], sessions: list[SessionRecord], rules: VerdictRules,
+           baseline_wall_s: float | None) -> Facts:
+    cells = tuple(summarise(steps, rules))
+    found = {s.flags: s.role for s in sessions} | {s.flags: s.role for s in steps}
+    rank = {"default": 0, **{r: 1 for r in rules.offload_roles}}  # the stops read default, offload, the rest
+    roles = dict(sorted(found.items(), key=lambda fr: rank.get(fr[1], 2)))
+    return Facts(card, rules, cells, roles, tuple(steps), {s.flags: s for s in sessions}, baseline_wall_s)
+
+
 def decide(card: str, steps: list[StepRecord], sessions: list[SessionRecord], rules: VerdictRules,
            baseline_wall_s: float | None = None, capacity_bytes: int | None = None,
            allocator: tuple[tuple[str, str], ...] = ()) -> Verdict:
@@ -494,11 +526,8 @@ def decide(card: str, steps: list[StepRecord], sessions: list[SessionRecord], ru
     from runner import verdict_text
     from runner.findings.build import card_findings
 
-    cells = tuple(summarise(steps, rules))
-    found = {s.flags: s.role for s in sessions} | {s.flags: s.role for s in steps}
-    rank = {"default": 0, **{r: 1 for r in rules.offload_roles}}  # the stops read default, offload, the rest
-    roles = dict(sorted(found.items(), key=lambda fr: rank.get(fr[1], 2)))
-    facts = Facts(card, rules, cells, roles, tuple(steps), {s.flags: s for s in sessions}, baseline_wall_s)
+    facts = _facts(card, steps, sessions, rules, baseline_wall_s)
+    cells, roles = facts.cells, facts.roles
     decision = next(d for rule in RULES if (d := rule(facts)) is not None)
     findings = card_findings(steps, sessions, roles, rules.target_references, tuple(rules.offload_roles),
                              capacity_bytes, {b.flags: b.stop.value for b in facts.stops.values()}, allocator,
@@ -526,7 +555,7 @@ def _evidence(d: Decision) -> dict[str, Any]:
                "wall_spread_s": [c.wall_min_s, c.wall_max_s], "wall_samples": c.wall_samples,
                "psnr_db": c.psnr_db, "psnr_min_db": c.psnr_min_db, "baseline": c.baseline,
                "latency_ratio": None if lat is None else lat.ratio,
-               "latency_interval": None if lat is None else [lat.low, lat.high],
+               "latency_interval": None if lat is None else [lat.low, lat.high if lat.bounded else None],
                "latency_reference": None if lat is None else {"wall_s": lat.reference_wall_s, "what": lat.reference,
                                                               "samples": list(lat.samples),
                                                               "references": lat.references}}
@@ -534,6 +563,18 @@ def _evidence(d: Decision) -> dict[str, Any]:
     if d.world == World.UNDECIDED:
         out["blocking"] = [{"flags": b.flags, **b.to_json()} for b in d.stops if b.stop == Stop.UNKNOWN]
     return out
+
+
+def open_latencies(card: str, steps: list[StepRecord], sessions: list[SessionRecord], rules: VerdictRules,
+                   baseline_wall_s: float | None = None) -> list[Latency]:
+    """The latency ratios more timed sends could still decide: while the card is undecided, every offload flag
+    set serving the target whose ratio interval straddles the limit (or has no spread yet). Each one, once
+    clear, could make the card offload-works, or remove a blocker. Empty once the card reached a world."""
+    facts = _facts(card, steps, sessions, rules, baseline_wall_s)
+    if next(d for rule in RULES if (d := rule(facts)) is not None).world != World.UNDECIDED:
+        return []
+    return [b.latency for b in facts.stops.values()
+            if b.cause == "straddles" and b.latency is not None and b.latency.sides is not None]
 
 
 def decide_all(steps: list[StepRecord], sessions: list[SessionRecord], rules: VerdictRules,

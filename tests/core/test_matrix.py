@@ -96,7 +96,8 @@ def test_plan_orders_steps_and_puts_baseline_cell_first(matrix_dir: Path) -> Non
     assert [(s.references, s.seed) for s in steps] == [(1, 1), (1, 2), (2, 1), (2, 2)]
     assert steps[0].key == "small/host-cache/refs-1/pair-seed-1"
     text = describe(plan, m)
-    assert "2 session(s), 8 step(s) × 2 timed send(s)" in text and "--cond-cache host" in text
+    assert "2 session(s), 8 step(s) × 1 timed send (repeats = auto: up to 8 where" in text
+    assert "--cond-cache host" in text
 
 
 def test_plan_renders_each_sessions_full_server_command_and_masked_env(matrix_dir: Path) -> None:

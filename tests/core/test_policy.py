@@ -177,3 +177,54 @@ def test_interrupt_skips_what_is_left_and_finishes() -> None:
 
 def test_nothing_pending_finishes_without_a_start() -> None:
     assert policy.next_action(policy.initial(RULES, (), [], attempt=3), Begin())[1] == Finish()
+
+
+# --- repeats = "auto": the look after the last step and its top-up sends ---------------------------------
+AUTO = Rules(restarts=1, stop_after_oom=True, oom_implies_seeds=True, determinism_resend=True, gpu_gate=False,
+             auto_repeats=True)
+TOPUP = policy.TopUp("c/default/refs-1/f-seed-1", 3)
+
+
+def test_auto_looks_after_the_last_step_and_sends_what_the_look_asks_for() -> None:
+    looks = []
+
+    def answer(action):
+        match action:
+            case policy.Look():
+                looks.append(action)
+                return policy.Looked((TOPUP,) if len(looks) == 1 else ())
+            case policy.SendMore(topup=t):
+                return policy.SentMore(t, None, False)
+        return serve_all(action)
+
+    actions = drive(policy.initial(AUTO, steps(refs=(1,)), [], attempt=0), answer)
+    kinds = [type(a).__name__ for a in actions]
+    assert kinds == ["Start", "Send", "Send", "Look", "SendMore", "Look", "Finish"]
+    assert actions[4].topup == TOPUP and len(looks) == 2
+
+
+def test_fixed_repeats_never_look() -> None:
+    actions = drive(policy.initial(RULES, steps(refs=(1,)), [], attempt=0), serve_all)
+    assert not any(isinstance(a, policy.Look) for a in actions)
+
+
+def test_a_topup_pass_starts_the_server_for_its_sends_only_and_restarts_after_a_lost_one() -> None:
+    second = policy.TopUp("c/default/refs-1/f-seed-2", 1)
+
+    def answer(action):
+        match action:
+            case policy.Look():
+                return policy.Looked(())
+            case policy.SendMore(topup=t):
+                return policy.SentMore(t, FailureClass.CRASH if t == TOPUP else None, t == TOPUP)
+        return serve_all(action)
+
+    actions = drive(policy.initial(AUTO, (), [], attempt=3, topups=(TOPUP, second)), answer)
+    kinds = [type(a).__name__ for a in actions]
+    assert kinds == ["Start", "SendMore", "Start", "SendMore", "Look", "Finish"]
+    assert [a.attempt for a in actions if isinstance(a, Start)] == [3, 4]
+
+
+def test_nothing_to_send_and_no_topups_starts_nothing() -> None:
+    _, action = policy.next_action(policy.initial(AUTO, (), [], attempt=0), Begin())
+    assert isinstance(action, Finish)
