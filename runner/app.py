@@ -11,12 +11,14 @@ stopped, records kept, a partial report written, the exact resume command printe
 from __future__ import annotations
 
 import datetime as dt
+import re
 import shlex
 import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from runner import inputs, preflight, runinfo, runlock
 from runner.errors import UserError
@@ -116,7 +118,7 @@ def kill_all(servers: set, grace_s: float = 5.0) -> None:
 
 def finish(store: RunStore, matrix: Matrix, *, rescore: bool = True) -> list:
     """Rescore against the baseline cell, decide the verdicts, write verdict.json and the report."""
-    from runner import baseline
+    from runner import baseline, cost
     from runner.findings.build import allocator_pairs
     from runner.findings.profiles import profiles
     from runner.progress import verdict_line
@@ -141,13 +143,24 @@ def finish(store: RunStore, matrix: Matrix, *, rescore: bool = True) -> list:
     verdicts = [replace(v, notes=(*v.notes, note)) if (note := baseline.cell_mismatch(matrix, v.card)) else v
                 for v in verdicts]
     store.write_verdicts([v.to_json() for v in verdicts])
-    store.write_profiles(profiles(store.load_run()["run_id"], verdicts, matrix.verdict, capacities)
-                         .model_dump(mode="json"))
-    report = write_report(store, verdicts)
+    run = store.load_run()
+    store.write_profiles(profiles(run["run_id"], verdicts, matrix.verdict, capacities).model_dump(mode="json"))
+    costs = cost.card_costs(steps, sessions, matrix.verdict, run["started_at"], run.get("finished_at"), wall)
+    report = write_report(store, verdicts, cost.cost_lines(costs))
     for v in verdicts:  # one short line per card; report.md has the whole reason
         print(verdict_line(v))
     print(f"report: {report}")
     return verdicts
+
+
+def as_recorded(matrix: Matrix, steps: Sequence[Any]) -> Matrix:
+    """A run recorded before `repeats = "auto"` existed (no step lists its sends) was sent with the old
+    default, `repeats = 2`, when its matrix names no repeats: its latency is judged as it was then."""
+    if matrix.run.auto_repeats and steps and not any(s.sends for s in steps) and \
+            not re.search(r"(?m)^\s*repeats\s*=", matrix.text):
+        return replace(matrix, verdict=replace(matrix.verdict, latency_looks=1),
+                       run=replace(matrix.run, auto_repeats=False, repeats=2, max_repeats=2))
+    return matrix
 
 
 def exit_status(worlds: Sequence[str], steps_left: int) -> int:

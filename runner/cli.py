@@ -67,7 +67,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from runner.plan import describe, make_plan
 
     matrix = load_matrix(args.matrix, check_files=False)
-    print(describe(make_plan(matrix), matrix))
+    plan = make_plan(matrix)
+    print(describe(plan, matrix))
+    if args.estimate_from:
+        from runner.cost import estimate, estimate_lines
+        from runner.store import RunStore
+
+        root = Path(args.estimate_from)
+        if not (root / "run.json").is_file():
+            raise UserError(f"--estimate-from {root}: not a run directory (no run.json)")
+        store = RunStore(root)
+        print("\n".join(estimate_lines(estimate(plan, store.load_steps(), store.load_sessions()), str(root))))
     return 0
 
 
@@ -90,7 +100,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         matrix = load_matrix(copy, check_files=False, base=Path(doc["matrix"]["path"]).resolve().parent)
     from runner import app
 
-    app.finish(store, matrix, rescore=False)
+    app.finish(store, app.as_recorded(matrix, store.load_steps()), rescore=False)
     return 0
 
 
@@ -134,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
     plan = sub.add_parser("plan", help="print the plan of a matrix without running anything")
     plan.add_argument("matrix")
+    plan.add_argument("--estimate-from", metavar="RUN_DIR",
+                      help="also print the expected GPU time per lane, from an earlier run's load and send times")
     plan.set_defaults(func=cmd_plan)
     report = sub.add_parser("report", help="(re)write report.md, verdict.json and plots of a run")
     report.add_argument("run_dir")

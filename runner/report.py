@@ -192,7 +192,8 @@ def _step_counts(steps: Sequence[StepRecord]) -> str:
             f"(image returned but unusable), {failed} failed, {skipped} skipped (not sent).")
 
 
-def write_report(store: RunStore, verdicts: list[Verdict]) -> Path:
+def write_report(store: RunStore, verdicts: list[Verdict], cost: Sequence[str] = ()) -> Path:
+    """report.md; `cost`: its closing section (runner.cost.cost_lines), when the caller has the rules."""
     run = store.load_run()
     steps, sessions = store.load_steps(), store.load_sessions()
     planned = {key: i for i, key in enumerate(run.get("plan", {}).get("sessions", []))}
@@ -228,6 +229,7 @@ def write_report(store: RunStore, verdicts: list[Verdict]) -> Path:
         state = "yes" if name in read else "configured, never available" if name in tried else "–"
         lines.append(f"| `{name}` | {what} | {state} |")
     lines += ["", "docs/meters.md has each source's rate, what it catches and what it misses.", ""]
+    lines += cost
     path = store.root / "report.md"
     atomic_write(path, ("\n".join(lines) + "\n").encode())  # whole or the previous one, never half
     return path

@@ -5,12 +5,15 @@ to; without @N it applies to every request. Two faults act at load instead: `loa
 `slow-load=SECONDS` (also spelled `slow-load@SECONDS`). `jitter=MIN:MAX[:SEED]` adds to every request a
 sleep drawn uniformly from [MIN, MAX] seconds by a generator seeded with SEED and the request number: a
 latency distribution the runner's noise handling can be tested against, the same on every server start.
+SEED `pid` seeds it with the server's process id instead: fresh draws at every start (a session restarted
+for more sends of the same requests must not replay the draws of its first start).
 `corrupt-ref=K` damages the K-th data-URI reference of every chat request on arrival (its bytes cut to a
 quarter before decoding), as if it had been corrupted on its way: 0.30 drops it with its warning and serves.
 """
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass, field
 
@@ -88,10 +91,10 @@ def _jitter(spec: str, arg: str) -> tuple[float, float, int]:
     parts = arg.split(":")
     try:
         low, high = float(parts[0]), float(parts[1])
-        seed = int(parts[2]) if len(parts) > 2 else 0
+        seed = os.getpid() if parts[2:3] == ["pid"] else int(parts[2]) if len(parts) > 2 else 0
     except (ValueError, IndexError):
         raise ValueError(f"--fault {spec}: jitter needs MIN:MAX seconds (and optionally :SEED), "
-                         f"e.g. jitter=0.5:1.5") from None
+                         f"e.g. jitter=0.5:1.5 or jitter=0.5:1.5:pid") from None
     if len(parts) > 3 or not 0 <= low <= high:
         raise ValueError(f"--fault {spec}: jitter needs 0 <= MIN <= MAX, e.g. jitter=0.5:1.5")
     return low, high, seed

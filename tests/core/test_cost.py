@@ -1,0 +1,97 @@
+"""What a run cost and what the next will (runner.cost): hand-built records with send times, no processes."""
+
+from __future__ import annotations
+
+from runner.cost import card_costs, cost_lines, estimate, sends_of
+from runner.matrix import VerdictRules
+from runner.plan import Lane, Plan, Session, Step
+from runner.records import (
+    Failure,
+    FailureClass,
+    Peak,
+    Sanity,
+    Scores,
+    SendTime,
+    ServerStart,
+    SessionRecord,
+    Status,
+    StepRecord,
+)
+
+RULES = VerdictRules(target_references=2, max_latency_ratio=2.5, min_psnr_db=20, offload_roles=("offload",),
+                     max_transparent_share=0.5, min_pixel_std=2.0)
+GOOD = Sanity(64, 64, "RGB", 0.0, 40.0, False, False)
+T0 = 1000.0
+
+
+def ok(flags: str, n: int, at: float, walls: tuple[float, ...], resend: bool = False) -> StepRecord:
+    sends, t = [], at
+    for i, w in enumerate(walls):
+        sends.append(SendTime(t, w, True))
+        t += w
+        if resend and i == 0:
+            sends.append(SendTime(t, w, False))
+            t += w
+    return StepRecord(f"c/{flags}/refs-{n}/f-seed-1", "c", flags, "default" if flags == "default" else "offload",
+                      "f", n, 1, Status.OK, started_at=at, wall_s=walls[0], wall_samples_s=walls, sends=tuple(sends),
+                      image_sha256=f"{flags}{n}", peaks=(Peak("nvml", "device", 2**30, 5, 100.0, True),),
+                      scores=Scores("b", 30.0, 0.9, True, None, GOOD))
+
+
+def records() -> tuple[list[StepRecord], list[SessionRecord]]:
+    # default: serves 1 at t=10 (re-sent once for determinism), OOMs at 2 (t=20): nothing served at the
+    # target yet. offload: serves 1 and 2 from t=110; the verdict (offload-works) is known when its step at 2
+    # is answered at t=115 with the default at 1 as its reference (ratio 2.5/2 = 1.25, its interval wide).
+    default = [ok("default", 1, T0 + 10, (2.0, 2.1)),
+               StepRecord("c/default/refs-2/f-seed-1", "c", "default", "default", "f", 2, 1, Status.FAILED,
+                          started_at=T0 + 20, wall_s=1.0, sends=(SendTime(T0 + 20, 1.0, False),),
+                          failure=Failure(FailureClass.OOM, "CUDA out of memory"))]
+    offload = [ok("host", 1, T0 + 110, (2.5, 2.6)), ok("host", 2, T0 + 113, (2.0, 2.1))]
+    sessions = [SessionRecord("c/default", "c", "default", "default", "local",
+                              (ServerStart(0, T0, 5.0, None, stopped_at=T0 + 30),)),
+                SessionRecord("c/host", "c", "host", "offload", "local",
+                              (ServerStart(0, T0 + 100, 8.0, None, stopped_at=T0 + 130),))]
+    return default + offload, sessions
+
+
+def test_card_cost_counts_busy_time_sends_and_the_moment_the_verdict_was_known() -> None:
+    steps, sessions = records()
+    (c,) = card_costs(steps, sessions, RULES, T0, T0 + 200)
+    assert c.world == "offload-works" and c.starts == 2
+    assert c.gpu_busy_s == 30 + 30 and c.load_s == 13.0
+    assert c.sends == 2 + 1 + 2 + 2 and abs(c.send_s - (2 + 2.1 + 1 + 2.5 + 2.6 + 2 + 2.1)) < 1e-9
+    assert c.saved_vs_repeats_2 == (2 + 1 + 2 + 2) - 7  # fixed repeats = 2 makes the same here: 0
+    assert c.known_at == T0 + 113 + 2.0  # the offload's first answer at the target
+    text = "\n".join(cost_lines([c]))
+    assert "## What the run cost" in text and "| c | 1:00 | 2 (13.00 s) | 7 " in text and "1:55 (offload-works)" in text
+
+
+def test_a_card_whose_world_needs_every_flag_set_is_known_only_at_the_last_of_them() -> None:
+    steps, sessions = records()
+    oom = StepRecord("c/host/refs-2/f-seed-1", "c", "host", "offload", "f", 2, 1, Status.FAILED, started_at=T0 + 110,
+                     wall_s=1.0, sends=(SendTime(T0 + 110, 1.5, False),),
+                     failure=Failure(FailureClass.OOM, "CUDA out of memory"))
+    steps = [*steps[:2], oom]
+    (c,) = card_costs(steps, sessions, RULES, T0, None)
+    assert c.world == "not-built" and c.known_at == T0 + 111.5  # not at the default's OOM (t=21)
+
+
+def test_records_without_sends_are_priced_from_their_samples() -> None:
+    old = StepRecord("c/d/refs-1/f-seed-1", "c", "d", "default", "f", 1, 1, Status.OK, started_at=5.0, wall_s=2.0,
+                     wall_samples_s=(2.0, 3.0), request={"sends": 2})
+    assert [(s.started_at, s.wall_s, s.timed) for s in sends_of(old)] == [(5.0, 2.0, True), (7.0, 3.0, True)]
+
+
+def test_estimate_prices_each_session_and_cell_from_the_earlier_run() -> None:
+    steps, sessions = records()
+    plan = Plan((Lane("gpu0", ("c",), (
+        Session("c", "default", (Step("c", "default", "f", 1, 1), Step("c", "default", "f", 1, 2))),
+        Session("c", "host", (Step("c", "host", "f", 2, 1),)),
+        Session("c", "int8", (Step("c", "int8", "f", 1, 1),)))),))
+    (e,) = estimate(plan, steps, sessions)
+    assert e.guessed == 1 and e.starts == 3
+    # default: 5 s load + 2 steps × 2 sends × 2.05 s; host: 8 s + 1 × 2 × 2.05 s; int8: mean load 6.5 s + 1 send
+    # at the run's mean send time
+    mean_send = (2 + 2.1 + 1 + 2.5 + 2.6 + 2 + 2.1) / 7
+    assert abs(e.gpu_s - (5 + 2 * 2 * 2.05 + 8 + 2 * 2.05 + 6.5 + mean_send)) < 1e-6
+    assert e.sends == 4 + 2 + 1
