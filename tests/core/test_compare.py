@@ -113,3 +113,17 @@ def test_run_to_run_noise_is_measured_over_all_cells_and_only_outliers_change(tm
     text = render(dataclasses.replace(a, cells={k: before[k] for k in few}),
                   dataclasses.replace(a, cells={k: after[k] for k in few}))
     assert "4 of 4 cell(s) changed beyond noise" in text and "no run-to-run band (4 cells timed" in text.splitlines()[0]
+
+
+def test_a_cell_with_three_sends_a_step_and_one_with_one_are_compared_alike(tmp_path: Path) -> None:
+    # repeats = "auto" leaves most cells at one send per step and tops up a few: the cells' samples are
+    # compared, however many sends per step made them.
+    def cell(*per_seed: tuple[float, ...]) -> list:
+        return [step("default", "default", 1, seed=i + 1, wall=w[0], samples=w) for i, w in enumerate(per_seed)]
+
+    sessions = [session("default", "default")]
+    one = load_summary(write_run(tmp_path / "a", "run-a", cell((1.0,), (1.1,), (0.95,), (1.05,)), sessions))
+    three = load_summary(write_run(tmp_path / "b", "run-b", cell((1.02, 0.97, 1.08), (1.04, 0.99, 1.06)), sessions))
+    slower = load_summary(write_run(tmp_path / "c", "run-c", cell((2.0, 2.1, 1.95), (2.05, 2.0, 2.1)), sessions))
+    assert "No changed cells." in render(one, three) and "No changed cells." in render(three, one)
+    assert "1 of 1 cell(s) changed beyond noise" in render(one, slower)
