@@ -395,7 +395,7 @@ class SessionRunner:
         for i in range(topup.sends):
             sent = last = self._send(client, server, call)
             first = first or sent
-            seen = self._observe(sent, step.references)
+            seen = self._observe(sent, step.references, server)
             times.append(SendTime(sent.t0, sent.wall_s, seen.failure is None))
             if seen.server_peak is not None:
                 reported.append(seen.server_peak.mib)

@@ -36,7 +36,7 @@ def test_interval_needs_two_samples_a_side_and_widens_with_more_looks() -> None:
     one = sequential.ratio_interval((2.0, 2.2, 2.1), (1.0, 1.1, 1.05), looks=1)
     seven = sequential.ratio_interval((2.0, 2.2, 2.1), (1.0, 1.1, 1.05), looks=7)
     assert one is not None and seven is not None and seven.low < one.low < one.high < seven.high
-    assert seven.confidence == pytest.approx(1 - 0.05 / 7)
+    assert seven.confidence == pytest.approx(1 - sequential.ALPHA / 7)
 
 
 class Lane:
