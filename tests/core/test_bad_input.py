@@ -142,6 +142,9 @@ CASES: dict[str, Case] = {
     "size-huge": edit('size = "64x64"', 'size = "99999x99999"'),
     "restarts-huge": edit("steps = 4", "steps = 4\nrestarts = 1000000000"),
     "repeats-huge": edit("steps = 4", "steps = 4\nrepeats = 1000000000"),
+    "repeats-word": edit("steps = 4", 'steps = 4\nrepeats = "often"'),
+    "max-repeats-one": edit("steps = 4", "steps = 4\nmax_repeats = 1"),
+    "max-repeats-with-fixed-repeats": edit("steps = 4", "steps = 4\nrepeats = 2\nmax_repeats = 4"),
     # --- placeholders are names only (item 10) ---
     "env-unknown-placeholder": edit("[cards.small]", '[cards.small]\nenv = { A = "{prot}" }'),
     "env-json-braces": edit("[cards.small]", '[cards.small]\nenv = { A = \'{"a": 1}\' }'),
