@@ -1,7 +1,8 @@
 """Time to verdict: `repeats = 2` against `repeats = "auto"`, end to end through the runner and the reference
 server, on a double of the seed's matrix and on examples/local.toml.
 
-    .venv/bin/python benchmarks/time_to_verdict.py [--only seed|local] [--keep DIR] [--at-limit-trials N]
+    .venv/bin/python benchmarks/time_to_verdict.py [--only seed|local] [--repeats 2|auto] [--keep DIR [--reuse]]
+    .venv/bin/python benchmarks/time_to_verdict.py --at-limit-trials N
 
 The seed's double is examples/seed-emulated.toml (matrix.toml's flag sets, axes, seeds and rules on emulated
 CPU cards) with the seed's costs scaled down 100×: every server start sleeps 0.9 s before it opens its port
@@ -24,7 +25,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -49,17 +49,17 @@ def matrix_text(name: str, repeats: str) -> str:
     return text.replace("[run]\n", f"[run]\nrepeats = {repeats}\n", 1)
 
 
-def run_one(name: str, repeats: str, results: Path) -> dict:
-    # Next to the example, so its relative paths (refs/) hold; removed afterwards.
-    path = ROOT / "examples" / f".time-to-verdict-{name}-{repeats.strip(chr(34))}.toml"
-    path.write_text(matrix_text(name, repeats))
-    t0 = time.monotonic()
-    try:
-        proc = subprocess.run([sys.executable, "-m", "runner", str(path), "--results", str(results), "--no-progress"],
-                              capture_output=True, text=True, timeout=3600)
-    finally:
-        path.unlink(missing_ok=True)
-    wall = time.monotonic() - t0
+def run_one(name: str, repeats: str, results: Path, reuse: bool) -> dict:
+    exit_code: int | None = None
+    if not (reuse and list(results.glob("*-*"))):
+        # Next to the example, so its relative paths (refs/) hold; removed afterwards.
+        path = ROOT / "examples" / f".time-to-verdict-{name}-{repeats.strip(chr(34))}.toml"
+        path.write_text(matrix_text(name, repeats))
+        try:
+            exit_code = subprocess.run([sys.executable, "-m", "runner", str(path), "--results", str(results),
+                                        "--no-progress"], capture_output=True, text=True, timeout=3600).returncode
+        finally:
+            path.unlink(missing_ok=True)
     run_dir = max(results.glob("*-*"), key=lambda p: p.stat().st_mtime)
     store = RunStore(run_dir)
     steps, sessions = store.load_steps(), store.load_sessions()
@@ -68,9 +68,11 @@ def run_one(name: str, repeats: str, results: Path) -> dict:
     busy = sum((st.stopped_at or st.started_at) - st.started_at for s in sessions for st in s.starts)
     doc = json.loads((run_dir / "verdict.json").read_text())
     verdicts = {v["card"]: (v["world"], v["flags"]) for v in doc["verdicts"]}
-    return {"name": name, "repeats": repeats, "exit": proc.returncode, "wall_s": wall, "sends": sends,
+    run = store.load_run()
+    wall = (run.get("finished_at") or run["started_at"]) - run["started_at"]
+    return {"name": name, "repeats": repeats, "exit": exit_code, "wall_s": wall, "sends": sends,
             "starts": starts, "busy_s": busy, "weighted_s": starts * SEED_LOAD_S + sends * SEED_SEND_S,
-            "verdicts": verdicts, "run_dir": str(run_dir), "stderr": proc.stderr[-1500:]}
+            "verdicts": verdicts, "run_dir": str(run_dir)}
 
 
 def at_limit(trials: int) -> None:
@@ -87,6 +89,9 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", choices=("seed", "local"))
     ap.add_argument("--keep", type=Path, help="keep the run folders here (default: a temporary folder)")
+    ap.add_argument("--reuse", action="store_true",
+                    help="with --keep: take a run already in its folder (<matrix>-<repeats>/) instead of running it")
+    ap.add_argument("--repeats", choices=("2", "auto"), help="run only this mode")
     ap.add_argument("--at-limit-trials", type=int, default=0)
     args = ap.parse_args()
     print(f"command: {' '.join(sys.argv)}")
@@ -97,7 +102,9 @@ def main() -> int:
     rows = []
     for name in ([args.only] if args.only else ["seed", "local"]):
         for repeats in ("2", '"auto"'):
-            row = run_one(name, repeats, base / f"{name}-{repeats.strip(chr(34))}")
+            if args.repeats and repeats.strip(chr(34)) != args.repeats:
+                continue
+            row = run_one(name, repeats, base / f"{name}-{repeats.strip(chr(34))}", args.reuse)
             rows.append(row)
             print(f"  {name} repeats={repeats}: exit {row['exit']}, {row['sends']} sends, {row['starts']} starts, "
                   f"{row['wall_s']:.0f} s here ({row['run_dir']})", flush=True)
@@ -111,7 +118,7 @@ def main() -> int:
               f"{cost._clock(r['busy_s'])} | {cost._clock(r['wall_s'])} | {v} |")
     print()
     ok = True
-    for name in dict.fromkeys(r["name"] for r in rows):
+    for name in dict.fromkeys(r["name"] for r in rows if not args.repeats):
         two, auto = (next(r for r in rows if r["name"] == name and r["repeats"] == x) for x in ("2", '"auto"'))
         same = two["verdicts"] == auto["verdicts"]
         ok &= same
