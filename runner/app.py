@@ -75,7 +75,33 @@ def left_to_do(run: Opened) -> Pending:
     return pending(run.plan, run.store.load_steps(), run.store.load_sessions())
 
 
-def banner(run: Opened, todo: Pending) -> str:
+def owed_topups(run: Opened) -> int:
+    """Under `repeats = "auto"`, a resumed run whose steps are all decided may still owe top-up sends (it was
+    stopped while topping up): how many the records ask for now (the executor's own rule, policy.topups)."""
+    if not (run.resumed and run.matrix.run.auto_repeats):
+        return 0
+    from runner import baseline, policy
+    from runner.verdict import open_latencies
+
+    steps, sessions = run.store.load_steps(), run.store.load_sessions()
+    try:
+        wall = baseline.wall_s(run.matrix)
+    except UserError:
+        wall = None
+    owed = 0
+    for card in dict.fromkeys(s.card for s in steps):
+        mine = [s for s in steps if s.card == card]
+        sides = [lat.sides for lat in open_latencies(card, mine, [s for s in sessions if s.card == card],
+                                                     run.matrix.verdict, wall) if lat.sides]
+        owed += sum(t.sends for s in run.plan.sessions if s.card == card
+                    for t in policy.topups(sides, mine, card, s.flags, run.matrix.run.max_repeats))
+    return owed
+
+
+def banner(run: Opened, todo: Pending, owed: int = 0) -> str:
+    if todo.steps == 0 and owed:
+        return (f"runner: run {run.run_id}: all {todo.planned_steps} step(s) decided; {owed} top-up send(s) owed "
+                f"to open latency ratios (repeats = auto) → {run.store.root}")
     if todo.steps == 0:
         return (f"runner: run {run.run_id}: nothing left to send, all {todo.planned_steps} step(s) decided "
                 f"→ {run.store.root}")
@@ -224,13 +250,14 @@ def _run(opened: Opened, command: list[str], progress: bool, metrics_port: int |
     if todo.steps:
         todo = check_reachable(opened.matrix, todo, skip_unreachable=skip_unreachable)
     opened.store.write_run(RunRecord.from_json(opened.run_doc).to_json())
-    print(banner(opened, todo), file=sys.stderr)
+    owed = 0 if todo.steps else owed_topups(opened)
+    print(banner(opened, todo, owed), file=sys.stderr)
     from runner.baseline import cell_mismatch
 
     for card in opened.matrix.axes.cards:  # said before the run, not only in the report an hour later
         if note := cell_mismatch(opened.matrix, card):
             print(f"runner: warning: {note}", file=sys.stderr)
-    if todo.steps:
+    if todo.steps or owed:
         _reap_leftovers(opened.matrix, todo)
     view = ProgressView(enabled=progress)
     events: Events = view
@@ -246,7 +273,7 @@ def _run(opened: Opened, command: list[str], progress: bool, metrics_port: int |
         events = Fanout(view, exporter)
     interrupted = False
     try:
-        if todo.steps:
+        if todo.steps or owed:
             with view:
                 interrupted = execute(opened, events, todo, interrupts.stop, live)
     finally:

@@ -757,6 +757,9 @@ def run_plan(ctx: RunContext) -> list[SessionRecord]:
 def _run_lanes(ctx: RunContext, refs: References, baselines: Baselines) -> list[SessionRecord]:
     assert ctx.todo is not None
     lanes = ctx.todo.lanes
+    if ctx.matrix.run.auto_repeats:  # a lane with no step left may still owe top-ups (a resume)
+        have = {lane.name for lane in lanes}
+        lanes = (*lanes, *(replace(lane, sessions=()) for lane in ctx.plan.lanes if lane.name not in have))
 
     def lane_job(lane_index: int) -> list[SessionRecord]:
         lane = lanes[lane_index]
