@@ -86,6 +86,7 @@ def test_auto_decides_under_and_over_quickly_and_leaves_the_limit_undecided_afte
 
     over = verdicts["over"]
     assert over["world"] == "not-built", over["reason"]
-    assert over["evidence"]["flag_sets"]["host-over"]["stop"] == "quality" and "too slow" in over["reason"]
+    host = over["evidence"]["flag_sets"]["host-over"]
+    assert host["stop"] == "latency" and "too slow" in host["why"]
     assert max(_cell_levels(run_dir, "over", "host-over", 2)) <= 2
     no_server_left(run_dir)
