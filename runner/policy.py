@@ -269,6 +269,8 @@ def topups(open_sides: Iterable[tuple[tuple[str, int], tuple[str, int] | None]],
             if other is not None and level(cell(other)) < level(steps):
                 continue  # the other side catches up first (at its own session)
             target = sequential.next_level(level(steps), max_repeats)
-            for r in steps if target is not None else ():
+            if target is None:
+                continue  # this side is at max_repeats
+            for r in steps:
                 want[r.key] = max(want.get(r.key, 0), target - (len(r.wall_samples_s) or 1))
     return tuple(TopUp(k, n) for k, n in want.items() if n > 0)
