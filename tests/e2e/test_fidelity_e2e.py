@@ -108,5 +108,7 @@ def test_seed_emulated_keeps_matrix_toml_flags_axes_seeds_and_rules() -> None:
     h200 = load_matrix(ROOT / "examples" / "seed-emulated-h200.toml")  # the device's variant of the same
     assert {n: (f.role, f.args, dict(f.env)) for n, f in h200.flags.items()} == \
         {n: (f.role, f.args, dict(f.env)) for n, f in seed.flags.items()}
-    assert h200.run.seeds == seed.run.seeds and h200.verdict == seed.verdict and list(h200.cards) == list(seed.cards)
-    assert [h200.cards[c].vram_gib for c in h200.cards] == [24, 16]
+    # to fit one device call it sends the first two of the seed's seeds and runs the 5080 first (issues 19, 21)
+    assert h200.run.seeds == seed.run.seeds[:2] and h200.verdict == seed.verdict
+    assert set(h200.cards) == set(seed.cards)
+    assert {c: h200.cards[c].vram_gib for c in h200.cards} == {"rtx3090": 24, "rtx5080": 16}
