@@ -233,9 +233,12 @@ def run(matrix_path: str, *, results: str | None = None, resume: str | None = No
     interrupts.install()
     try:
         opened = open_run(matrix_path, results, resume)
+        todo = None
+        if not opened.resumed:  # a new run: an unreachable host ends it before its folder (and lock) exists
+            todo = check_reachable(opened.matrix, pending(opened.plan, (), ()), skip_unreachable=skip_unreachable)
         lock = runlock.acquire(opened.store.root)  # a second runner on this folder is refused here
         try:
-            return _run(opened, command, progress, metrics_port, skip_unreachable, interrupts, live)
+            return _run(opened, command, progress, metrics_port, skip_unreachable, interrupts, live, todo)
         finally:
             lock.release()
     finally:
@@ -243,12 +246,13 @@ def run(matrix_path: str, *, results: str | None = None, resume: str | None = No
 
 
 def _run(opened: Opened, command: list[str], progress: bool, metrics_port: int | None, skip_unreachable: bool,
-         interrupts: Interrupts, live: set) -> int:
+         interrupts: Interrupts, live: set, todo: Pending | None = None) -> int:
     from runner.progress import ProgressView
 
-    todo = left_to_do(opened) if opened.resumed else pending(opened.plan, (), ())
-    if todo.steps:
-        todo = check_reachable(opened.matrix, todo, skip_unreachable=skip_unreachable)
+    if todo is None:  # a resume: what is left, then the hosts it needs
+        todo = left_to_do(opened)
+        if todo.steps:
+            todo = check_reachable(opened.matrix, todo, skip_unreachable=skip_unreachable)
     opened.store.write_run(RunRecord.from_json(opened.run_doc).to_json())
     owed = 0 if todo.steps else owed_topups(opened)
     print(banner(opened, todo, owed), file=sys.stderr)
