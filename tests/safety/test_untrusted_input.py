@@ -327,6 +327,18 @@ def test_item14_a_crafted_card_name_never_makes_the_report_write_outside_the_run
     assert not (tmp_path / "outside").exists()
 
 
+@pytest.mark.parametrize("over", [{"references": "two"}, {"wall_s": "fast"}, {"peaks": "none"},
+                                  {"failure": {"kind": "http_error", "message": 5, "evidence": "x"}},
+                                  {"seed": None}, {"card": 7}])
+def test_item14_a_record_of_wrong_types_gives_one_line_not_a_traceback(finished_run: Path, tmp_path: Path,
+                                                                       over: dict[str, object]) -> None:
+    run = crafted(finished_run, tmp_path, **over)
+    proc = report(run)
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stderr.splitlines() if "two-seed-1" in ln]
+    assert len(lines) == 1, proc.stderr  # one line, naming the file
+
+
 # -- item 1, end to end: a bad gauge reading neither ends the run nor becomes a peak ----------------------
 def test_item1_a_gauge_beyond_int64_or_negative_never_ends_the_run_nor_makes_a_peak(tmp_path: Path) -> None:
     head = MATRIX.split("[servers.h]")[0].format(results=tmp_path / "results")
