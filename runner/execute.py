@@ -15,6 +15,7 @@ import io
 import re
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,23 +24,22 @@ import httpx
 from PIL import Image
 
 from runner import backends, baseline, bounded, dialects, policy, scoring, sequential, verdict
-from runner.backends.base import Attempt, ExitInfo, RunningServer, StartFailed, StartInterrupted
+from runner.backends.base import Attempt, RunningServer, StartFailed, StartInterrupted
 from runner.events import Events
-from runner.failures import classify_request, error_lines, references_dropped, without_addresses, without_stamp
-from runner.interrupts import Abandoned, interruptible
+from runner.failures import error_lines, without_addresses, without_stamp
+from runner.interrupts import Abandoned
 from runner.matrix import Matrix
 from runner.meters import Meter, build_meters, idle_baseline
 from runner.pauses import PauseWatch
 from runner.pending import Pending, pending
 from runner.plan import Plan, Session, Step
-from runner.records import Failure, FailureClass, Peak, SendTime, ServerStart, SessionRecord, Status, StepRecord
+from runner.records import Failure, FailureClass, Peak, ServerStart, SessionRecord, Status, StepRecord
 from runner.registry import BACKENDS, METERS, load
+from runner.sending import Sender, Sends, repeat_label
+from runner.step_records import Served, max_by_source, skipped, step_record, topped_up, with_response_peak
 from runner.store import RunStore
 from runner.units import slug
-from runner.vocab import Role
 
-RESTART_AFTER = {FailureClass.CRASH, FailureClass.TIMEOUT, FailureClass.STOPPED}
-RESPONSE_SOURCE = "server-response"  # the registry's entry for a peak the server reports in its response
 MEMORY_FLUSH_S = 10.0  # a running start's memory samples reach memory.csv at least this often
 
 
@@ -136,92 +136,6 @@ class Baselines:
         return str(sample.file), scoring.decode(sample.file.read_bytes())
 
 
-@dataclass(frozen=True)
-class HttpResult:
-    """One send of a request: what came back, when, and what the server wrote to its log meanwhile."""
-
-    status: int | None  # HTTP status; None when no response came
-    content: bytes
-    timed_out: bool
-    t0: float  # epoch seconds at send
-    t1: float  # epoch seconds at response (or failure)
-    log_window: str  # server log written between send and response (+ a short grace), quoted
-    exit_code: int | None  # the server's exit code when it died meanwhile
-    oom_killed: bool = False  # ... killed by the kernel's OOM killer (host memory)
-    problem: str | None = None  # the answer was refused unread (body over the cap)
-
-    @property
-    def wall_s(self) -> float:
-        return round(self.t1 - self.t0, 4)
-
-
-@dataclass(frozen=True)
-class Observed:
-    """A send classified: a failure, or the image's bytes (decoded later, off the request path)."""
-
-    failure: Failure | None
-    image_bytes: bytes | None
-    server_peak: dialects.ServerPeak | None  # the response's own peak_memory_mb, where and what
-
-
-@dataclass(frozen=True)
-class Served:
-    """A step whose request was answered with an image: scored and written off the request path."""
-
-    record: StepRecord  # without scores yet
-    image_bytes: bytes  # the first send's image, not decoded yet
-    repeat_image: bytes | None  # the first repeat whose bytes differ from the first image
-
-
-@dataclass(frozen=True)
-class Sends:
-    """One step's request sent back to back: each send (timed ones first), and what came of them."""
-
-    sends: tuple[HttpResult, ...]
-    first: Observed | None  # the first answered send
-    failure: Failure | None  # the send that ended it, when one failed
-    different: bytes | None  # the first repeat whose image bytes differ from the first
-    reported: tuple[dialects.ServerPeak, ...]  # the server's own peaks, as the responses gave them
-
-    @property
-    def t0(self) -> float:
-        return self.sends[0].t0
-
-    @property
-    def t1(self) -> float:
-        return self.sends[-1].t1
-
-
-def step_record(step: Step, role: str, attempt: int, sends: Sends, timed: int, peaks: tuple[Peak, ...],
-                request: dict[str, object]) -> StepRecord | Served:
-    """The step's record from its sends (pure): a failure (with the first send's image kept when it was
-    served), or a served step whose image is scored off the request path."""
-    last, failure, first, reported = sends.sends[-1], sends.failure, sends.first, sends.reported
-    samples = tuple(s.wall_s for s in sends.sends[:timed] if s is not last or failure is None)
-    base = StepRecord(
-        key=step.key, card=step.card, flags=step.flags, role=Role(role), fixture=step.fixture,
-        references=step.references, seed=step.seed, status=Status.OK, attempt=attempt, started_at=sends.t0,
-        wall_s=sends.sends[0].wall_s, wall_samples_s=samples,
-        sends=tuple(SendTime(s.t0, s.wall_s, i < len(samples)) for i, s in enumerate(sends.sends)),
-        peaks=peaks, request=dict(request), server_peak_mib=reported[0].mib if reported else None,
-        server_peak_source=reported[0].source if reported else None,
-        server_peak_measures=reported[0].measures if reported else None)
-    image = Path(step.key).name + ".png"
-    if failure is not None:
-        lost = failure.kind in RESTART_AFTER or last.exit_code is not None
-        record = replace(base, status=Status.FAILED, failure=failure, lost=lost)
-        if first is None or first.image_bytes is None:
-            return record
-        # The first send was served: keep its image beside the failure (scored like any other).
-        return Served(replace(record, image=image, image_sha256=hashlib.sha256(first.image_bytes).hexdigest()),
-                      first.image_bytes, None)
-    assert first is not None and first.image_bytes is not None
-    compared = len(sends.sends) > 1
-    return Served(replace(base, image=image, image_sha256=hashlib.sha256(first.image_bytes).hexdigest(),
-                          deterministic=(sends.different is None) if compared else None),
-                  first.image_bytes, sends.different)
-
-
 class SessionRunner:
     def __init__(self, ctx: RunContext, session: Session, refs: References, baselines: Baselines,
                  scorer: ThreadPoolExecutor | None = None, topups: tuple[policy.TopUp, ...] = ()) -> None:
@@ -236,11 +150,6 @@ class SessionRunner:
         self._scoring: list[Future[StepRecord]] = []
 
     # -- records -------------------------------------------------------------------------------------
-    def _base(self, step: Step, status: Status, **kw: object) -> StepRecord:
-        return StepRecord(key=step.key, card=step.card, flags=step.flags, role=self.flags.role,
-                          fixture=step.fixture, references=step.references, seed=step.seed, status=status,
-                          **kw)  # type: ignore[arg-type]
-
     def _emit(self, record: StepRecord, png: bytes | None = None) -> StepRecord:
         self.ctx.store.write_step(record, png)
         self.ctx.record(record)
@@ -268,6 +177,10 @@ class SessionRunner:
             self._scoring.pop(0).result()
 
     # -- one request -----------------------------------------------------------------------------------
+    def sender(self, client: httpx.Client, server: RunningServer) -> Sender:
+        return Sender(client, server, self.profile.dialect, self.run.request_timeout_s, self.run.size,
+                      self.ctx.stop)
+
     def _request(self, step: Step) -> dialects.HttpCall:
         fixture = self.ctx.matrix.fixtures[step.fixture]
         refs = tuple(self.refs.get(p) for p in fixture.references[: step.references])
@@ -277,151 +190,55 @@ class SessionRunner:
                                     negative_prompt=self.run.negative_prompt)
         return dialects.build(self.profile.dialect, req)
 
-    def _send(self, client: httpx.Client, server: RunningServer, call: dialects.HttpCall) -> HttpResult:
-        log0 = server.log_size()
-        t0 = time.time()
-        status, content, timed_out, problem = None, b"", False, None
-        try:  # request_timeout_s is the whole answer's deadline, and the body has a cap (bounded.py)
-            # On an interrupt the request in flight is abandoned at once (Abandoned), not waited for.
-            answer = interruptible(lambda: bounded.exchange(
-                client, "POST", server.base_url + call.path, **call.httpx_kwargs(),
-                deadline_s=self.run.request_timeout_s, max_bytes=bounded.body_cap(self.run.size)), self.ctx.stop)
-            status, content = answer.status, answer.content
-        except bounded.Overdue:
-            timed_out = True
-        except bounded.TooLarge as exc:
-            problem = f"response refused: {exc} (the requested image needs far less)"
-        except httpx.HTTPError as exc:
-            content = f"{type(exc).__name__}: {exc}".encode()
-        t1 = time.time()
-        exit_info = server.exited()
-        if problem is None and (status is None or status >= 400):
-            # The log line that explains a failure can trail the response (or the exit) by a moment.
-            deadline = time.monotonic() + 2.0
-            while time.monotonic() < deadline and (exit_info := server.exited()) is None and status is None:
-                time.sleep(0.1)
-            time.sleep(0.3)
-        return HttpResult(status, content, timed_out, t0, t1, server.read_log(log0),
-                          None if exit_info is None else exit_info.code,
-                          exit_info is not None and exit_info.oom_killed, problem)
-
-    def _observe(self, sent: HttpResult, references: int, server: RunningServer) -> Observed:
-        """What the session policy needs now (OOM? server lost?); the image is decoded on the scoring worker,
-        where an undecodable one becomes a bad_response record. Every text of the server is quoted."""
-        parsed = dialects.parse(self.profile.dialect, sent.content) if sent.status == 200 and not sent.problem \
-            else None
-        image_bytes = parsed.image if parsed else None
-        problem = sent.problem or (parsed.problem if parsed else None)
-        if sent.problem and sent.exit_code is None:  # refused unread: what the server meant is unknown
-            failure: Failure | None = Failure(FailureClass.BAD_RESPONSE, sent.problem, (), sent.status)
-        else:
-            failure = classify_request(http_status=sent.status, body=server.quote(sent.content[:4000]),
-                                       log_window=sent.log_window, timed_out=sent.timed_out,
-                                       server_exit=sent.exit_code, parse_problem=problem,
-                                       oom_killed=sent.oom_killed) or references_dropped(
-                log_window=sent.log_window, sent=references, http_status=sent.status)
-        if failure is None and image_bytes is None:
-            failure = Failure(FailureClass.BAD_RESPONSE, problem or "no image", ())
-        return Observed(None if failure is None else server.quote_failure(failure),
-                        image_bytes if failure is None else None, parsed.server_peak if parsed else None)
-
-    def send_repeats(self, client: httpx.Client, server: RunningServer, call: dialects.HttpCall, references: int,
-                     total: int) -> Sends:
-        """Send one request `total` times, back to back, classifying each answer; the first failing send
-        ends it (a repeat that crashes or hangs is that crash or timeout, never a served step)."""
-        sends: list[HttpResult] = []
-        first: Observed | None = None
-        failure: Failure | None = None
-        different: bytes | None = None
-        reported: list[dialects.ServerPeak] = []
-        for i in range(total):
-            sent = self._send(client, server, call)
-            seen = self._observe(sent, references, server)
-            sends.append(replace(sent, content=b""))  # only the images kept below are needed from here on
-            if seen.server_peak is not None:
-                reported.append(seen.server_peak)
-            if seen.failure is not None:
-                failure = seen.failure if i == 0 else replace(
-                    seen.failure, message=f"send {i + 1} of {total} of the same request: {seen.failure.message}")
-                break
-            if first is None:
-                first = seen
-            elif different is None and seen.image_bytes != first.image_bytes:
-                different = seen.image_bytes
-        return Sends(tuple(sends), first, failure, different, tuple(reported))
-
-    def _skipped(self, step: Step, reason: str) -> StepRecord:
-        return StepRecord(key=step.key, card=step.card, flags=step.flags, role=self.flags.role,
-                          fixture=step.fixture, references=step.references, seed=step.seed,
-                          status=Status.SKIPPED, skip_reason=reason)
-
-    def execute(self, client: httpx.Client, server: RunningServer, meters: list[Meter], step: Step,
-                attempt: int, determinism_resend: bool) -> StepRecord | Served:
-        """Send a step's request `repeats` times (timed), plus once untimed for the determinism re-send, and
-        build its record from the sends and the meters' window over them."""
-        call = self._request(step)
-        refs = self.ctx.matrix.fixtures[step.fixture].references[: step.references]
-        timed = self.run.repeats
-        total = timed + (1 if determinism_resend and timed == 1 else 0)
+    def _sends(self, sender: Sender, meters: list[Meter], step: Step, total: int, *,
+               label: Callable[[int], str | None], against_sha256: str | None = None,
+               ) -> tuple[Sends, tuple[Peak, ...]] | str:
+        """Send a step's request `total` times and read the meters' window over the sends; or why nothing
+        was measured (interrupted, or the runner itself was suspended: the wall times are the pause's)."""
         try:
-            sends = self.send_repeats(client, server, call, step.references, total)
+            sends = sender.repeats(self._request(step), step.references, total, label=label,
+                                   against_sha256=against_sha256)
         except Abandoned:  # interrupted mid-request: nothing measured, a resume sends it again
-            return self._skipped(step, "run interrupted")
-        sends = replace(sends, failure=_engine_lost(sends.failure, server.exited()))
+            return "run interrupted"
         paused = self.ctx.pauses.paused_s(sends.t0, sends.t1) if self.ctx.pauses else 0.0
         if paused > 0 and (sends.failure is None or sends.failure.kind == FailureClass.TIMEOUT):
-            # Its wall time (or its timeout) is the pause, not the server: discarded, a resume sends it again.
-            return self._skipped(step, f"runner suspended for {paused:.1f} s during the request (SIGSTOP / "
-                                 f"Ctrl-Z): not a measurement")
-        peaks = _with_response_peak([m.window_peak(sends.t0, sends.t1) for m in meters],
-                                    max(p.mib for p in sends.reported) if sends.reported else None)
-        request = {"dialect": self.profile.dialect, "path": call.path, "steps": self.run.steps,
+            return f"runner suspended for {paused:.1f} s during the request (SIGSTOP / Ctrl-Z): not a measurement"
+        return sends, with_response_peak([m.window_peak(sends.t0, sends.t1) for m in meters],
+                                         max(p.mib for p in sends.reported) if sends.reported else None)
+
+    def execute(self, sender: Sender, meters: list[Meter], step: Step, attempt: int,
+                determinism_resend: bool) -> StepRecord | Served:
+        """Send a step's request `repeats` times (timed), plus once untimed for the determinism re-send, and
+        build its record from the sends and the meters' window over them."""
+        timed = self.run.repeats
+        total = timed + (1 if determinism_resend and timed == 1 else 0)
+        got = self._sends(sender, meters, step, total, label=repeat_label(total))
+        if isinstance(got, str):  # discarded: a resume sends it again
+            return skipped(step, self.flags.role, got)
+        sends, peaks = got
+        refs = self.ctx.matrix.fixtures[step.fixture].references[: step.references]
+        request = {"dialect": self.profile.dialect, "path": self._request(step).path, "steps": self.run.steps,
                    "size": list(self.run.size) if self.run.size else None, "seed": step.seed,
                    "sends": len(sends.sends), "references": [self.refs.digest(p) for p in refs]}
         return step_record(step, self.flags.role, attempt, sends, timed, peaks, request)
 
-    def top_up(self, client: httpx.Client, server: RunningServer, meters: list[Meter], topup: policy.TopUp,
-               ) -> StepRecord:
+    def top_up(self, sender: Sender, meters: list[Meter], topup: policy.TopUp) -> StepRecord:
         """`repeats = "auto"`: send a recorded, served step's request `topup.sends` more times, timed, and
-        return its record with the new samples (and sends, peaks, determinism) added. A failing send ends
-        the step as that failure, as a failing repeat does: the step did not reliably serve."""
+        return its record with the new samples (and sends, peaks, determinism) added; unchanged when the
+        sends measured nothing (interrupted, suspended)."""
         old = self.ctx.records[topup.key]
         step = Step(old.card, old.flags, old.fixture, old.references, old.seed)
-        call = self._request(step)
-        walls, times, reported = [], [], []
-        failure: Failure | None = None
-        different: bytes | None = None
-        first = last = None
-        for i in range(topup.sends):
-            sent = last = self._send(client, server, call)
-            first = first or sent
-            seen = self._observe(sent, step.references, server)
-            times.append(SendTime(sent.t0, sent.wall_s, seen.failure is None))
-            if seen.server_peak is not None:
-                reported.append(seen.server_peak.mib)
-            if seen.failure is not None:
-                n = len(old.sends or old.wall_samples_s or (1,)) + i + 1
-                failure = replace(seen.failure, message=f"send {n} of the same request (an auto top-up): "
-                                                        f"{seen.failure.message}")
-                break
-            walls.append(sent.wall_s)
-            if different is None and hashlib.sha256(seen.image_bytes or b"").hexdigest() != old.image_sha256:
-                different = seen.image_bytes
-        assert first is not None and last is not None
-        new_peaks = _with_response_peak([m.window_peak(first.t0, last.t1) for m in meters], max(reported, default=None))
-        record = replace(
-            old, wall_samples_s=(*(old.wall_samples_s or (old.wall_s,) if old.wall_s else ()), *walls),
-            sends=(*old.sends, *times), peaks=_merge_peaks(old.peaks, new_peaks),
-            request={**old.request, "sends": int(old.request.get("sends", 1)) + len(times)},
-            deterministic=(old.deterministic is not False) and different is None)
-        if different is not None and old.repeat_psnr_db is None and (png := self.ctx.store.read_png(old.key)):
+        done = len(old.sends or old.wall_samples_s or (1,))
+        got = self._sends(sender, meters, step, topup.sends, against_sha256=old.image_sha256,
+                          label=lambda i: f"send {done + i + 1} of the same request (an auto top-up)")
+        if isinstance(got, str):
+            return old
+        sends, peaks = got
+        repeat_psnr = None
+        if sends.different is not None and old.repeat_psnr_db is None and (png := self.ctx.store.read_png(old.key)):
             with contextlib.suppress(Exception):  # an undecodable repeat is simply not comparable
-                record = replace(record, repeat_psnr_db=scoring.score(scoring.decode(different),
-                                                                      scoring.decode(png), None).psnr_db)
-        if failure is not None:
-            lost = failure.kind in RESTART_AFTER or last.exit_code is not None
-            record = replace(record, status=Status.FAILED, failure=failure, lost=lost)
-        return record
+                repeat_psnr = scoring.score(scoring.decode(sends.different), scoring.decode(png), None).psnr_db
+        return topped_up(old, sends, peaks, repeat_psnr)
 
     def score(self, served: Served) -> tuple[StepRecord, bytes | None]:
         """Decode, PSNR/SSIM against the baseline and the sanity checks (off the request path). Returns the
@@ -477,7 +294,8 @@ class SessionRunner:
                             outcome = policy.Started(server.open())
                         case policy.Send(step=step, determinism_resend=resend):
                             assert server is not None
-                            work = self.execute(client, server.server, server.meters, step, server.attempt, resend)
+                            work = self.execute(self.sender(client, server.server), server.meters, step, server.attempt,
+                                                resend)
                             record = work.record if isinstance(work, Served) else work
                             lost = record.lost or server.server.exited() is not None
                             if lost:
@@ -491,7 +309,7 @@ class SessionRunner:
                             outcome = policy.Looked(self.ctx.topups(self.session))
                         case policy.SendMore(topup=topup):
                             assert server is not None
-                            record = self.top_up(client, server.server, server.meters, topup)
+                            record = self.top_up(self.sender(client, server.server), server.meters, topup)
                             lost = record.lost or server.server.exited() is not None
                             if lost:
                                 log.notes.append(f"server lost during a top-up of {topup.key} "
@@ -502,7 +320,7 @@ class SessionRunner:
                             outcome = policy.SentMore(topup, record.failure.kind if record.failure else None, lost)
                         case policy.Skip(steps=steps, reason=reason, implied_by=implied):
                             for step in steps:
-                                self._submit(self._base(step, Status.SKIPPED, skip_reason=reason, implied_by=implied))
+                                self._submit(skipped(step, self.flags.role, reason, implied))
                             if reason != "run interrupted" and implied is None:
                                 log.notes.append(reason)
                             outcome = policy.Skipped()
@@ -524,7 +342,7 @@ class SessionRunner:
     def _write(self, log: _SessionLog) -> SessionRecord:
         record = SessionRecord(key=self.session.key, card=self.card.name, flags=self.flags.name,
                                role=self.flags.role, backend=self.card.backend, starts=log.all_starts(),
-                               session_peaks=_max_by_source(log.all_peaks()), meters=tuple(log.meters),
+                               session_peaks=max_by_source(log.all_peaks()), meters=tuple(log.meters),
                                idle_baseline=log.idle, log="server.log", notes=tuple(log.notes))
         self.ctx.store.write_session(record)
         return record
@@ -640,50 +458,6 @@ class _SessionLog:
                if topup_sends and not pending else f"resumed with {pending} step(s) to do")
         return cls(list(prior.starts), list(prior.session_peaks), list(prior.meters), [*prior.notes, why],
                    dict(prior.idle_baseline))
-
-
-def _engine_lost(failure: Failure | None, gone: ExitInfo | None) -> Failure | None:
-    """A request that failed while the server's engine went away measured nothing about the server: it is
-    `stopped` (a resume sends it again), not the connection error or crash it looked like."""
-    if failure is None or gone is None or gone.lost is None or failure.kind in (FailureClass.OOM,
-                                                                                 FailureClass.STOPPED):
-        return failure
-    return Failure(FailureClass.STOPPED, f"server lost during the request: {gone.lost}; not a measurement, a "
-                   f"resume sends it again", failure.evidence, failure.http_status, failure.exit_code)
-
-
-def _with_response_peak(peaks: list[Peak], peak_mb: float | None) -> tuple[Peak, ...]:
-    """A `peak_memory_mb` in the response is the server's own exact peak for this request: it goes right
-    before the polled server meter (which can miss a transient between polls), or last if none is listed."""
-    if peak_mb is None:
-        return tuple(peaks)
-    reported = Peak(RESPONSE_SOURCE, "device", int(peak_mb * 2**20), 1, None, True)
-    refines = METERS.get(RESPONSE_SOURCE).refines
-    at = next((i for i, p in enumerate(peaks) if p.source == refines), len(peaks))
-    return (*peaks[:at], reported, *peaks[at:])
-
-
-def _merge_peaks(old: tuple[Peak, ...], new: tuple[Peak, ...]) -> tuple[Peak, ...]:
-    """A step's peaks after more sends of its request: per source and metric the higher available figure
-    (the same request may peak higher on a later send), in the order the step listed them."""
-    fresh = {(p.source, p.metric): p for p in new}
-    out = []
-    for p in old:
-        q = fresh.pop((p.source, p.metric), None)
-        better = q is not None and q.available and (not p.available or (q.bytes or 0) > (p.bytes or 0))
-        out.append(replace(q, samples=q.samples + p.samples) if better and q is not None else p)
-    return (*out, *fresh.values())
-
-
-def _max_by_source(peaks: list[Peak]) -> tuple[Peak, ...]:
-    """One session peak per (source, metric) over all server starts."""
-    best: dict[tuple[str, str], Peak] = {}
-    for p in peaks:
-        k = (p.source, p.metric)
-        old = best.get(k)
-        if old is None or (p.available and (not old.available or (p.bytes or 0) > (old.bytes or 0))):
-            best[k] = p if old is None or not old.available else replace(p, samples=p.samples + old.samples)
-    return tuple(best.values())
 
 
 class _MemoryTicker:

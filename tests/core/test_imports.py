@@ -50,6 +50,11 @@ FORBIDDEN = {
                                  "runner.backends", "runner.report", "httpx"),
     "runner.verdict_text": ("runner.execute", "runner.app", "runner.cli", "runner.store", "runner.meters",
                             "runner.backends", "runner.report", "runner.progress", "httpx"),
+    # a step's record from its sends is pure; sending is the one place that talks to the server
+    "runner.step_records": ("runner.execute", "runner.sending", "runner.app", "runner.cli", "runner.store",
+                            "runner.meters", "runner.backends", "httpx"),
+    "runner.sending": ("runner.execute", "runner.app", "runner.cli", "runner.store", "runner.meters",
+                       "runner.report"),
     "runner.reach": ("runner.execute", "runner.app", "runner.cli", "runner.store", "runner.meters"),
 }
 

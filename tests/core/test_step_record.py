@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from runner.dialects import ServerPeak
-from runner.execute import HttpResult, Observed, Sends, Served, step_record
 from runner.plan import Step
 from runner.records import Failure, FailureClass, Peak, Status
+from runner.step_records import HttpResult, Observed, Sends, Served, step_record
 
 STEP = Step("c", "f", "fx", 2, 7)
 PEAKS = (Peak("nvml", "device", 5 << 20, 10, 100.0, True),)

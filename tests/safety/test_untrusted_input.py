@@ -152,7 +152,7 @@ def test_item2_a_resolved_secret_is_masked_in_a_start_failure_and_a_500(tmp_path
     r, live = serving("secret")
     call = r._request(r.session.steps[0])
     with httpx.Client() as client:
-        record = r.execute(client, live, [], r.session.steps[0], 0, False)
+        record = r.execute(r.sender(client, live), [], r.session.steps[0], 0, False)
     assert isinstance(record, StepRecord) and record.failure is not None
     text = json.dumps(record.to_json())
     assert record.failure.kind == FailureClass.HTTP_ERROR and "invalid token ***" in record.failure.message
@@ -177,7 +177,7 @@ def test_item5_ready_timeout_is_a_total_deadline_with_a_dripping_health(tmp_path
 def test_item5_request_timeout_is_a_total_deadline_with_a_dripping_response(serving: Callable) -> None:
     r, live = serving("drip")
     with httpx.Client() as client:
-        sent = within(15, lambda: r._send(client, live, r._request(r.session.steps[0])))
+        sent = within(15, lambda: r.sender(client, live).send(r._request(r.session.steps[0])))
     assert sent.timed_out and sent.wall_s < 3 + 1.0, sent  # type: ignore[attr-defined]
 
 
@@ -185,10 +185,10 @@ def test_item5_request_timeout_is_a_total_deadline_with_a_dripping_response(serv
 def test_item10_a_huge_body_is_refused_at_the_cap(serving: Callable) -> None:
     r, live = serving("huge")
     with httpx.Client() as client:
-        sent = within(60, lambda: r._send(client, live, r._request(r.session.steps[0])))
+        sent = within(60, lambda: r.sender(client, live).send(r._request(r.session.steps[0])))
     assert len(sent.content) < 17 * 2**20, len(sent.content)  # type: ignore[attr-defined]
     with httpx.Client() as client:
-        record = r.execute(client, live, [], r.session.steps[0], 0, False)
+        record = r.execute(r.sender(client, live), [], r.session.steps[0], 0, False)
     assert isinstance(record, StepRecord) and record.failure is not None
     assert record.failure.kind == FailureClass.BAD_RESPONSE and "over the cap" in record.failure.message
 
@@ -249,7 +249,7 @@ def test_item11_an_oom_kill_during_a_request_is_a_host_memory_oom(tmp_path: Path
         server = OomKilledServer(plan, Attempt(name="k", log_path=tmp_path / "k.log"),
                                  f"http://127.0.0.1:{httpd.server_address[1]}")
         with httpx.Client() as client:
-            record = r.execute(client, server, [], r.session.steps[0], 0, False)
+            record = r.execute(r.sender(client, server), [], r.session.steps[0], 0, False)
     finally:
         httpd.shutdown()
     assert isinstance(record, StepRecord) and record.failure is not None
