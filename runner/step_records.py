@@ -13,7 +13,7 @@ from runner import dialects
 from runner.plan import Step
 from runner.records import Failure, FailureClass, Peak, SendTime, Status, StepRecord
 from runner.registry import METERS
-from runner.vocab import Role
+from runner.vocab import MemoryMetric, Role
 
 # A failure after which the server is restarted before the next step (the step's server is gone or stuck)
 RESTART_AFTER = {FailureClass.CRASH, FailureClass.TIMEOUT, FailureClass.STOPPED}
@@ -141,7 +141,7 @@ def with_response_peak(peaks: list[Peak], peak_mb: float | None) -> tuple[Peak, 
     before the polled server meter (which can miss a transient between polls), or last if none is listed."""
     if peak_mb is None:
         return tuple(peaks)
-    reported = Peak(RESPONSE_SOURCE, "device", int(peak_mb * 2**20), 1, None, True)
+    reported = Peak(RESPONSE_SOURCE, MemoryMetric.DEVICE, int(peak_mb * 2**20), 1, None, True)
     refines = METERS.get(RESPONSE_SOURCE).refines
     at = next((i for i, p in enumerate(peaks) if p.source == refines), len(peaks))
     return (*peaks[:at], reported, *peaks[at:])
