@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
+from runner.findings.models import OomReport
 from runner.findings.oom import read_oom
 from runner.records import Failure, FailureClass
 from runner.slurm.parse import cluster_end
@@ -66,6 +67,9 @@ def _with_cause(message: str, text: str) -> str:
 
 HOST_OOM = ("killed by the kernel OOM killer: host memory (the container's memory limit or the machine's RAM), "
             "not device memory")
+# What a kernel OOM kill tells of itself: which memory, and that there is no allocator message nor traceback.
+KILLED = OomReport(message="the container engine reports the server OOM-killed (OOMKilled)", source="engine",
+                   memory="host", no_site="the kernel's OOM killer ends the process without a traceback")
 
 # Exit codes of a server stopped by a signal someone else sent (the runner stops servers only between
 # requests): a shell's 128+N (containers: `docker stop`, an engine shutting down) or Popen's -N. SIGKILL is not
@@ -79,7 +83,7 @@ def classify_request(*, http_status: int | None, body: str, log_window: str, tim
     body_oom, log_oom = oom_lines(body), oom_lines(log_window)
     if oom_killed:  # the engine says so (docker's State.OOMKilled): an OOM, of host memory, not a crash
         return Failure(FailureClass.OOM, f"server {HOST_OOM}, during the request",
-                       log_oom or _evidence(log_window), http_status, server_exit)
+                       log_oom or _evidence(log_window), http_status, server_exit, KILLED)
     # A server the scheduler is ending may still answer (a 500 as it shuts down): its line decides.
     failed = server_exit is not None or http_status is None or http_status >= 400
     ended = _ended_by_scheduler(log_window) if failed else None
@@ -146,8 +150,9 @@ def classify_start(*, exit_code: int | None, oom_killed: bool, timed_out: bool, 
     if ended is not None and not ooms:
         return replace(ended, exit_code=exit_code)
     if ooms or oom_killed:
-        what = HOST_OOM if oom_killed and not ooms else "out of memory at load"
-        return Failure(FailureClass.OOM_AT_LOAD, what, ooms or tail(log_tail), None, exit_code,
+        if oom_killed and not ooms:
+            return Failure(FailureClass.OOM_AT_LOAD, HOST_OOM, tail(log_tail), None, exit_code, KILLED)
+        return Failure(FailureClass.OOM_AT_LOAD, "out of memory at load", ooms, None, exit_code,
                        read_oom(log=log_tail))
     if timed_out:
         return Failure(FailureClass.READY_TIMEOUT, _with_cause("not ready before the deadline", log_tail),

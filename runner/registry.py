@@ -193,9 +193,37 @@ class LocalOptions(BackendOptions):
     pass
 
 
+# Docker's own size notation (`docker run --memory`): a number and an optional unit b, k, m or g.
+DOCKER_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([bkmg]?)", re.IGNORECASE)
+DOCKER_UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30}
+DOCKER_MIN_MEMORY = 6 * 2**20  # the engine refuses a smaller memory limit
+
+
+def docker_size(value: object) -> int:
+    """`"512m"` → 536870912 bytes; a TOML integer is bytes. ValueError with the accepted forms."""
+    found = DOCKER_SIZE.fullmatch(value.strip()) if isinstance(value, str) else None
+    if found is not None:
+        size = int(float(found[1]) * DOCKER_UNITS[found[2].lower()])
+    elif isinstance(value, int) and not isinstance(value, bool):
+        size = value
+    else:
+        raise ValueError('must be a size such as "512m" or "4g" (b, k, m, g), or a number of bytes')
+    if size < DOCKER_MIN_MEMORY:
+        raise ValueError("must be at least 6m (the engine's smallest memory limit)")
+    return size
+
+
 class DockerOptions(BackendOptions):
     docker_host: str | None = None  # unix://, tcp://, ssh://user@host; default DOCKER_HOST or the local socket
     publish_host: str = "127.0.0.1"  # the address the container's port is published on
+    # The container's host-memory limit in bytes (`mem_limit = "512m"` in the matrix), swap included: past it
+    # the kernel's OOM killer ends the server, and the failure says host memory. None: no limit.
+    mem_limit: int | None = None
+
+    @field_validator("mem_limit", mode="before")
+    @classmethod
+    def _size(cls, v: object) -> int | None:
+        return None if v is None else docker_size(v)
 
     @field_validator("docker_host")
     @classmethod
@@ -259,8 +287,10 @@ def _local_line(server: Any) -> str:
 
 
 def _docker_line(server: Any) -> str:
+    limit = server.options.mem_limit
     return (f"image {server.profile.image} on {server.options.docker_host or 'local engine'}, "
-            f"container port {server.profile.port} published on a free host port")
+            f"container port {server.profile.port} published on a free host port"
+            + (f", host memory limited to {limit / 2**20:g} MiB" if limit else ""))
 
 
 BACKENDS: Registry[BackendEntry] = Registry("backend")

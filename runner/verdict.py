@@ -215,6 +215,7 @@ class Blocked:
     references: int | None = None
     detail: str | None = None  # the failure class, "PSNR 8.0 dB < 20 dB", the latency ratio text, ...
     latency: Latency | None = None
+    memory: str | None = None  # an OOM's memory: "host" (the kernel's OOM killer) or "device"
 
     def text(self) -> str:
         where = f" [{self.record}]" if self.record else ""
@@ -224,14 +225,14 @@ class Blocked:
     def to_json(self) -> dict[str, Any]:
         return {"stop": self.stop.value, "why": self.why, "record": self.record,
                 "server_says": list(self.server_says), "cause": self.cause, "references": self.references,
-                "detail": self.detail}
+                "detail": self.detail, "memory": self.memory}
 
     @classmethod
     def from_json(cls, flags: str, d: dict[str, Any], role: str = "") -> Blocked:
         """A stop from verdict.json's evidence.flag_sets (earlier runs: no cause, the words fall back to the
         stop)."""
         return cls(flags, role, Stop(d["stop"]), d.get("why", ""), d.get("record"), tuple(d.get("server_says", ())),
-                   d.get("cause", ""), d.get("references"), d.get("detail"))
+                   d.get("cause", ""), d.get("references"), d.get("detail"), memory=d.get("memory"))
 
 
 @dataclass(frozen=True)
@@ -323,7 +324,8 @@ def blocked(flags: str, role: str, target: int, steps: list[StepRecord], session
         at_load = f.kind == FailureClass.OOM_AT_LOAD
         return Blocked(flags, role, Stop.CAPACITY if at_load else Stop.UNKNOWN,
                        f"server did not start ({f.kind}: {f.message})", session.key, server_says(f),
-                       "oom-at-load" if at_load else "start", None, f.kind.value)
+                       "oom-at-load" if at_load else "start", None, f.kind.value,
+                       memory=_memory(f) if at_load else None)
     mine = sorted((s for s in steps if s.flags == flags), key=attrgetter("references", "fixture", "seed"))
     at = [s for s in mine if s.references == target]
     by_key = {s.key: s for s in mine}
@@ -337,7 +339,7 @@ def blocked(flags: str, role: str, target: int, steps: list[StepRecord], session
         also = _quality_below(mine, oom.references, rules)
         return Blocked(flags, role, Stop.CAPACITY, f"out of memory at {oom.references} reference(s){implied}: "
                        f"{oom.failure.message}" + (f"; {also} before it" if also else ""), oom.key,
-                       server_says(oom.failure), "oom", oom.references, also)
+                       server_says(oom.failure), "oom", oom.references, also, memory=_memory(oom.failure))
     if not at:
         served = [n for n in sorted({s.references for s in mine})
                   if all(_usable(s, rules) is None for s in mine if s.references == n)]
@@ -363,6 +365,11 @@ def blocked(flags: str, role: str, target: int, steps: list[StepRecord], session
         return Blocked(flags, role, Stop.UNKNOWN, f"{why}, after {lost.failure.kind}: {lost.failure.message}",
                        lost.key, server_says(lost.failure), "failure", lost.references, lost.failure.kind.value)
     return Blocked(flags, role, Stop.UNKNOWN, why, s.key, cause="skipped", references=s.references)
+
+
+def _memory(failure: Failure) -> str:
+    """Which memory an OOM failure ran out of: host when the kernel's OOM killer ended the server."""
+    return failure.oom.memory if failure.oom is not None else "device"
 
 
 def _quality_below(mine: list[StepRecord], n: int, rules: VerdictRules) -> str | None:

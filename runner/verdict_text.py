@@ -74,9 +74,10 @@ def _refs(n: int | None) -> str:
 def stop_words(b: Blocked) -> str:
     """A flag set's stop in a few words — the same on the console and in the report."""
     n = b.references
+    oom = "host-memory OOM" if b.memory == "host" else "OOM"  # the kernel's OOM killer: not the card's memory
     return {
-        "oom-at-load": "OOM at load",
-        "oom": f"OOM at {_refs(n)}" + (f" ({b.detail})" if b.detail else ""),
+        "oom-at-load": f"{oom} at load",
+        "oom": f"{oom} at {_refs(n)}" + (f" ({b.detail})" if b.detail else ""),
         "start": f"did not start ({b.detail})",
         "broken": f"broken output from {_refs(n)}",
         "low-psnr": f"{b.detail} from {_refs(n)}",
@@ -172,6 +173,9 @@ def _oom_sentence(flags: str, m: MemoryModel) -> str | None:
     oom = m.oom
     if oom is None:
         return None
+    if oom.memory == "host":  # no allocator figures, and the card's memory line says nothing of it
+        return (f"It ran out of host memory {_where(oom)}: the kernel's OOM killer ended the server (the "
+                "container's memory limit or the machine's RAM), not device memory.")
     parts = [f"tried to allocate {size(oom.tried_bytes)}"] if oom.tried_bytes is not None else []
     if oom.allocated_bytes is not None:
         parts.append(f"{size(oom.allocated_bytes)} allocated by PyTorch")

@@ -224,9 +224,12 @@ class DockerServer(RunningServer):
             init=True,
             ports={f"{profile.port}/tcp": (options.publish_host, None)},
             device_requests=gpu_request(self.plan.gpu), shm_size=profile.shm_size, ipc_mode=profile.ipc_mode,
+            # swap equal to the limit: the server cannot page its way past it, the OOM killer ends it
+            mem_limit=options.mem_limit, memswap_limit=options.mem_limit,
         )
         self.container.start()
         self._info["container_id"] = self.container.id
+        self._info["mem_limit"] = options.mem_limit
         self._info["container_name"] = self.name
         self._start_log_stream()
         self.host_port = self.port = self._read_port()

@@ -56,7 +56,7 @@ def _facts(record: str, references: int | None, failure: Failure) -> OomFacts:
     if o is None:  # a record of an earlier runner, or an OOM kind without PyTorch's text (the kernel's killer)
         return OomFacts(record=record, references=references, no_site="the failure record carries no OOM message "
                                                                       "taken apart")
-    return OomFacts(record=record, references=references, site=o.site, function=o.function,
+    return OomFacts(record=record, references=references, memory=o.memory, site=o.site, function=o.function,
                     tried_bytes=o.tried_bytes, allocated_bytes=o.allocated_bytes,
                     reserved_unallocated_bytes=o.reserved_unallocated_bytes, in_use_bytes=o.in_use_bytes,
                     capacity_bytes=o.binding_bytes, no_site=o.no_site)

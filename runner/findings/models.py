@@ -4,6 +4,8 @@ comes from these declarations."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -30,7 +32,12 @@ class OomReport(Record):
     message did not carry (an older torch, vLLM-Omni's shortened HTTP 500 text) is absent, never zero."""
 
     message: str = Field(description="the OOM text as found (at most 1,000 characters)")
-    source: str = Field(description="where it was found: 'response body' or 'server log'")
+    source: str = Field(description="where it was found: 'response body', 'server log', or 'engine' (the "
+                                    "container engine's OOMKilled: the kernel's OOM killer, no message)")
+    memory: Literal["device", "host"] = Field(
+        default="device", description="which memory ran out: device (the allocator's message) or host (the "
+                                      "kernel's OOM killer ended the server: a container's memory limit or the "
+                                      "machine's RAM)")
     tried_bytes: int | None = Field(default=None, ge=0, description="'Tried to allocate …'")
     capacity_bytes: int | None = Field(default=None, ge=0, description="the GPU's total capacity")
     free_bytes: int | None = Field(default=None, ge=0, description="free on the GPU at the failure")
@@ -68,6 +75,8 @@ class OomFacts(Record):
 
     record: str = Field(description="the deciding record: a step key, or the session key for a load OOM")
     references: int | None = Field(default=None, description="the reference count; None at load")
+    memory: Literal["device", "host"] = Field(default="device", description="which memory ran out (host: the "
+                                                                            "kernel's OOM killer)")
     site: str | None = None
     function: str | None = None
     tried_bytes: int | None = None

@@ -25,6 +25,7 @@ from PIL import Image
 from runner.refserver import protocol
 from runner.refserver.config import ServerConfig
 from runner.refserver.engine import Engine, GenerationRequest, GenerationResult, png_bytes
+from runner.refserver.faults import hold_host_memory
 from runner.refserver.memory import as_raised_by_allocator, is_oom
 from runner.refserver.metrics import Metrics
 from runner.refserver.protocol import BadRequest, error_body
@@ -94,6 +95,10 @@ class Service:
                      req.true_cfg_scale > 1 and req.negative_prompt is not None, req.num_outputs,
                      self.config.cond_cache, queue_s, ",".join(sorted(faults)) or "-")
             _flush_logs()
+            if (mib := self.config.faults.host_mib(n)) > 0:
+                log.warning("fault host-memory@%d: allocating %d MiB of host memory and keeping it", n, mib)
+                _flush_logs()
+                hold_host_memory(mib)
             if (delay := self.config.faults.delay_s(n)) > 0:  # fault jitter: a controlled latency
                 time.sleep(delay)
             try:

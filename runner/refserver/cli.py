@@ -16,7 +16,7 @@ from runner.refserver.config import (
     ServerConfig,
     resolve_preset,
 )
-from runner.refserver.faults import FaultPlan
+from runner.refserver.faults import FaultPlan, hold_host_memory
 
 log = logging.getLogger("refserver")
 
@@ -151,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
         log.error("model load failed: %s", exc, exc_info=as_raised_by_allocator(exc))
         return EXIT_OOM
     log.info(engine.summary())
+    if (mib := config.faults.load_host_mib) > 0:
+        log.warning("fault load-host-memory: allocating %d MiB of host memory before binding", mib)
+        sys.stderr.flush()
+        hold_host_memory(mib)
     if config.faults.slow_load_s > 0:
         log.info("fault slow-load: sleeping %.1f s before binding", config.faults.slow_load_s)
         time.sleep(config.faults.slow_load_s)

@@ -9,6 +9,9 @@ SEED `pid` seeds it with the server's process id instead: fresh draws at every s
 for more sends of the same requests must not replay the draws of its first start).
 `corrupt-ref=K` damages the K-th data-URI reference of every chat request on arrival (its bytes cut to a
 quarter before decoding), as if it had been corrupted on its way: 0.30 drops it with its warning and serves.
+`host-memory=MIB@N` makes request N allocate (and touch, and keep) MIB MiB of host memory, and
+`load-host-memory=MIB` the same at load: under a container's memory limit the kernel's OOM killer ends the
+server, the host-memory OOM the runner must tell from a crash and from a CUDA OOM.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import random
 from dataclasses import dataclass, field
 
 REQUEST_FAULTS = ("exit", "hang", "malformed-json", "no-image", "wrong-size", "transparent", "grey")
-LOAD_FAULTS = ("load-fail", "slow-load", "jitter", "corrupt-ref")
+LOAD_FAULTS = ("load-fail", "slow-load", "jitter", "corrupt-ref", "load-host-memory")
+SIZED_FAULTS = ("host-memory",)  # KIND=MIB@N: a size and the request it applies to
 # Faults that make no sense "on every request" must name their request.
 NEEDS_N = ("exit", "hang")
 
@@ -27,6 +31,7 @@ NEEDS_N = ("exit", "hang")
 class Fault:
     kind: str
     request: int | None = None  # None = every request
+    mib: int = 0  # host-memory: how much the request allocates
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,7 @@ class FaultPlan:
     slow_load_s: float = 0.0
     jitter: tuple[float, float, int] | None = None  # (min s, max s, seed)
     corrupt_ref: int | None = None  # 1-based reference damaged on arrival in every chat request
+    load_host_mib: int = 0  # host memory allocated and held at load (load-host-memory)
     specs: tuple[str, ...] = field(default=(), compare=False)
 
     @classmethod
@@ -45,6 +51,7 @@ class FaultPlan:
         slow_load = 0.0
         jitter = None
         corrupt_ref = None
+        load_host_mib = 0
         for spec in specs or []:
             kind, sep, arg = spec.strip().replace("=", "@", 1).partition("@")
             if kind == "load-fail":
@@ -61,6 +68,15 @@ class FaultPlan:
                     raise ValueError(f"--fault {spec}: corrupt-ref needs a 1-based reference number, "
                                      "e.g. corrupt-ref=3")
                 corrupt_ref = int(arg)
+            elif kind == "load-host-memory":
+                if not arg.isdigit() or int(arg) < 1:
+                    raise ValueError(f"--fault {spec}: load-host-memory needs MiB, e.g. load-host-memory=512")
+                load_host_mib = int(arg)
+            elif kind in SIZED_FAULTS:
+                mib, _, n_text = arg.partition("@")
+                if not (mib.isdigit() and int(mib) > 0 and n_text.isdigit() and int(n_text) > 0):
+                    raise ValueError(f"--fault {spec}: {kind} needs MiB and a request number, e.g. {kind}=512@2")
+                faults.append(Fault(kind, int(n_text), int(mib)))
             elif kind in REQUEST_FAULTS:
                 n: int | None = None
                 if sep:
@@ -71,13 +87,17 @@ class FaultPlan:
                     raise ValueError(f"--fault {spec}: {kind} needs a request number, e.g. {kind}@2")
                 faults.append(Fault(kind, n))
             else:
-                known = ", ".join(LOAD_FAULTS + REQUEST_FAULTS)
+                known = ", ".join(LOAD_FAULTS + REQUEST_FAULTS + SIZED_FAULTS)
                 raise ValueError(f"--fault {spec}: unknown kind {kind!r} (known: {known})")
-        return cls(tuple(faults), load_fail, slow_load, jitter, corrupt_ref, tuple(specs or ()))
+        return cls(tuple(faults), load_fail, slow_load, jitter, corrupt_ref, load_host_mib, tuple(specs or ()))
 
     def for_request(self, n: int) -> frozenset[str]:
         """Kinds that apply to request number n."""
         return frozenset(f.kind for f in self.faults if f.request is None or f.request == n)
+
+    def host_mib(self, n: int) -> int:
+        """Host memory (MiB) request number n allocates (0 without a host-memory fault)."""
+        return sum(f.mib for f in self.faults if f.kind == "host-memory" and f.request == n)
 
     def delay_s(self, n: int) -> float:
         """The jitter sleep of request number n (0 without jitter)."""
@@ -98,3 +118,11 @@ def _jitter(spec: str, arg: str) -> tuple[float, float, int]:
     if len(parts) > 3 or not 0 <= low <= high:
         raise ValueError(f"--fault {spec}: jitter needs 0 <= MIN <= MAX, e.g. jitter=0.5:1.5")
     return low, high, seed
+
+
+_HELD: list[bytearray] = []  # host memory a fault allocated: kept until the process ends
+
+
+def hold_host_memory(mib: int) -> None:
+    """Allocate mib MiB of host memory, every page written (resident, not merely reserved), and keep it."""
+    _HELD.append(bytearray(mib * 2**20))  # zero-filled by CPython: each page is touched

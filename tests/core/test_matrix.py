@@ -156,3 +156,26 @@ def test_remote_docker_card_must_publish_where_the_runner_can_reach(matrix_dir: 
     path = edit(matrix_dir, 'vram_gib = 0.5', 'vram_gib = 0.5\nbackend = "docker"\ndocker_host = "ssh://u@10.0.0.9"')
     with pytest.raises(UserError, match=re.escape("key 'cards.small.publish_host' is '127.0.0.1' but docker_host")):
         load_matrix(path)
+
+
+@pytest.mark.parametrize(("value", "problem"), [
+    ('"lots"', 'must be a size such as "512m" or "4g" (b, k, m, g), or a number of bytes, got \'lots\''),
+    ('"1m"', "must be at least 6m (the engine's smallest memory limit), got '1m'"),
+    ("true", 'must be a size such as "512m"'),
+])
+def test_docker_mem_limit_is_checked_at_load_in_one_line(matrix_dir: Path, value: str, problem: str) -> None:
+    path = edit(matrix_dir, 'command = ["{python}"', 'image = "img:1"\ncommand = ["{python}"')
+    path = edit(matrix_dir, 'vram_gib = 0.5', f'vram_gib = 0.5\nbackend = "docker"\nmem_limit = {value}')
+    with pytest.raises(UserError, match=re.escape(f"key 'cards.small.mem_limit' {problem}")) as info:
+        load_matrix(path)
+    assert "\n" not in str(info.value)
+
+
+def test_docker_mem_limit_in_dockers_notation_or_bytes(matrix_dir: Path) -> None:
+    path = edit(matrix_dir, 'command = ["{python}"', 'image = "img:1"\ncommand = ["{python}"')
+    path = edit(matrix_dir, 'vram_gib = 0.5', 'vram_gib = 0.5\nbackend = "docker"\nmem_limit = "1.5g"')
+    m = load_matrix(path)
+    assert m.cards["small"].options.mem_limit == 1536 * 2**20
+    assert "host memory limited to 1536 MiB" in describe(make_plan(m), m)
+    path = edit(matrix_dir, 'mem_limit = "1.5g"', "mem_limit = 268435456")
+    assert load_matrix(path).cards["small"].options.mem_limit == 256 * 2**20

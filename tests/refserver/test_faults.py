@@ -109,6 +109,16 @@ def test_fault_plan_parsing() -> None:
             FaultPlan.parse([bad])
 
 
+def test_host_memory_faults_name_their_size_and_request() -> None:
+    plan = FaultPlan.parse(["host-memory=512@2", "load-host-memory=64"])
+    assert plan.host_mib(2) == 512 and plan.host_mib(1) == 0 and plan.load_host_mib == 64
+    assert plan.for_request(2) == {"host-memory"} and FaultPlan.parse([]).host_mib(1) == 0
+    for bad in ["host-memory", "host-memory=512", "host-memory=x@2", "host-memory=512@0", "load-host-memory",
+                "load-host-memory=0"]:
+        with pytest.raises(ValueError, match="host-memory"):
+            FaultPlan.parse([bad])
+
+
 def test_jitter_is_a_seeded_uniform_sleep_per_request() -> None:
     plan = FaultPlan.parse(["jitter=0.2:0.4:7"])
     delays = [plan.delay_s(n) for n in range(1, 41)]

@@ -30,6 +30,7 @@ from runner.progress import ProgressView
 from runner.records import FailureClass, Status, StepRecord
 from runner.store import RunStore
 from runner.verdict import decide_all
+from runner.verdict_text import summary
 
 HOSTILE = Path(__file__).with_name("hostile.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -257,6 +258,8 @@ def test_item11_an_oom_kill_during_a_request_is_a_host_memory_oom(tmp_path: Path
     assert record.lost
     (verdict,) = decide_all([record], [], r.ctx.matrix.verdict, ["c"], None)
     assert verdict.world == "not-built" and "host memory" in verdict.reason, verdict.reason
+    assert record.failure.oom is not None and record.failure.oom.memory == "host"
+    assert "default host-memory OOM at 1 ref" in summary(verdict), summary(verdict)  # the verdict line
 
 
 # -- items 12 and 14: a crafted run folder, reported ------------------------------------------------------
