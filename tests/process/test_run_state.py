@@ -146,3 +146,33 @@ def test_one_bad_file_never_makes_a_run_unresumable_or_unreportable(tmp_path: Pa
         bad = runner(*args, cwd=tmp_path)
         assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [bad.stderr.strip()], bad.stderr
         assert f"{run / 'run.json'}: not valid JSON" in bad.stderr
+
+
+def test_resume_refuses_replaced_baseline_images_and_says_which(tmp_path: Path) -> None:
+    from PIL import Image
+
+    sealed = tmp_path / "sealed"
+    sealed.mkdir()
+    for seed, shade in ((1, 90), (2, 160)):
+        Image.new("RGB", (64, 64), (shade, shade, shade)).save(sealed / f"shapes-1r-{seed}.png")
+    (sealed / "samples.json").write_text(json.dumps({"samples": [
+        {"fixture": "shapes", "references": 1, "seed": s, "file": f"shapes-1r-{s}.png"} for s in (1, 2)]}))
+    path = matrix(tmp_path, seeds="[1, 2]", references="[1]")
+    path.write_text(path.read_text().replace("[matrix]", '[baseline]\ndir = "sealed"\n\n[matrix]'))
+    first = runner(str(path), cwd=tmp_path)
+    assert first.returncode in (0, 1) and "Traceback" not in first.stderr, first.stderr[-2000:]
+    run = run_dir(tmp_path)
+    before = {p: p.read_bytes() for p in step_files(run)}
+    assert len(before) == 2
+
+    original = (sealed / "shapes-1r-2.png").read_bytes()
+    Image.new("RGB", (64, 64), (10, 200, 30)).save(sealed / "shapes-1r-2.png")  # replaced, same name
+    changed = runner(str(path), "--resume", str(run), cwd=tmp_path)
+    assert changed.returncode == 2 and "baseline shapes-1r-2.png changed" in changed.stderr, changed.stderr
+    assert len(changed.stderr.strip().splitlines()) == 1 and "Traceback" not in changed.stderr
+    assert {p: p.read_bytes() for p in step_files(run)} == before  # nothing sent, nothing rescored
+
+    (sealed / "shapes-1r-2.png").write_bytes(original)
+    again = runner(str(path), "--resume", str(run), cwd=tmp_path)
+    assert again.returncode == first.returncode, again.stderr[-2000:]  # the same world: it goes ahead
+    nothing_left(tmp_path)
