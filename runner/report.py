@@ -17,7 +17,7 @@ from runner.records import Failure, SessionRecord, Status, StepRecord
 from runner.registry import METERS
 from runner.store import RunStore, atomic_write, inside, load_memory
 from runner.units import GIB, clip, fmt_bytes, fmt_s
-from runner.verdict import Cell, IdenticalPair, Verdict, identical_pairs
+from runner.verdict import Cell, IdenticalPair, StopEvidence, Verdict, identical_pairs
 from runner.verdict_text import findings_lines, summary
 
 TERMS = [
@@ -33,15 +33,12 @@ TERMS = [
 ]
 
 
-def _story(b: dict[str, Any] | str) -> str:
+def _story(b: StopEvidence) -> str:
     """A flag set's stop from verdict.json: what stopped it, the deciding record, the server's own line."""
-    if isinstance(b, str):  # verdict.json of earlier runs
-        return b
-    says = "".join(f" — server: {quote.code(clip(without_stamp(line), 200))}" for line in b.get("server_says", ()))
+    says = "".join(f" — server: {quote.code(clip(without_stamp(line), 200))}" for line in b.server_says)
     stop = {"capacity": "stopped by capacity", "quality": "stopped by quality", "latency": "stopped by latency",
-            "served": "serves it"}.get(b["stop"], "stopped by neither memory nor quality")
-    return f"**{stop}** — {quote.markdown(b['why'])}" + (f" ({quote.code(b['record'])})" if b.get("record") else "") \
-        + says
+            "served": "serves it"}.get(b.stop, "stopped by neither memory nor quality")
+    return f"**{stop}** — {quote.markdown(b.why)}" + (f" ({quote.code(b.record)})" if b.record else "") + says
 
 
 def _plot_path(out: Path, name: str) -> Path:
@@ -256,9 +253,9 @@ def _card_section(store: RunStore, v: Verdict, cards: dict[str, Any], sessions: 
     if v.findings is not None:  # findings_lines quotes what came from the server itself
         lines += ["### Findings", "", *findings_lines(v), "", "### Evidence", ""]
     lines += [quote.markdown(v.reason), ""]
-    if v.evidence.get("flag_sets"):
+    if v.evidence.flag_sets:
         lines += [f"Every flag set at {v.target_references} reference(s):", ""]
-        stories = v.evidence["flag_sets"]
+        stories = v.evidence.flag_sets
         lines += [f"- `{f}` [{roles.get(f, '?')}]: {_story(stories[f])}" for f in dict.fromkeys([*order, *stories])
                   if f in stories]
         lines.append("")

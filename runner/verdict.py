@@ -32,16 +32,18 @@ import math
 import random
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from operator import attrgetter
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field, TypeAdapter
 
 from runner import sequential
 from runner.failures import error_lines, without_stamp
 from runner.findings.models import Findings
 from runner.matrix import VerdictRules
-from runner.records import Failure, FailureClass, SessionRecord, Status, StepRecord, as_json
+from runner.records import Failure, FailureClass, SessionRecord, Status, StepRecord
 from runner.units import clip
 
 
@@ -83,22 +85,70 @@ class Cell:
 
 
 @dataclass(frozen=True)
+class StopEvidence:
+    """A flag set's stop as verdict.json keeps it (evidence.flag_sets and evidence.blocking): runner.verdict's
+    Blocked without what is only known in the run (the role, the latency object)."""
+
+    stop: Stop
+    why: str
+    record: str | None
+    server_says: tuple[str, ...] = ()
+    cause: str = ""
+    references: int | None = None
+    detail: str | None = None
+    flags: str | None = None  # runs before the evidence was typed name it only in evidence.blocking
+    memory: str | None = None  # an OOM's memory: "host" (the kernel's OOM killer) or "device"
+
+
+@dataclass(frozen=True)
+class LatencyReference:
+    """What the deciding offload flag set's latency was compared with."""
+
+    wall_s: float
+    what: str
+    samples: tuple[int, int]  # timed sends: offload side, reference side
+    references: int | None
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """verdict.json's evidence: the deciding cell's figures and latency (absent when no flag set decided the
+    card); every other flag set's stop; the stops that leave the card undecided."""
+
+    flag_sets: dict[str, StopEvidence] = field(default_factory=dict)
+    blocking: tuple[StopEvidence, ...] = ()  # undecided: the stops that say nothing about memory
+    steps: tuple[str, ...] = ()
+    peak_bytes: int | None = None
+    peak_source: str | None = None
+    host_peak_bytes: int | None = None
+    wall_s: float | None = None
+    wall_spread_s: tuple[float | None, float | None] | None = None
+    wall_samples: int | None = None
+    psnr_db: float | None = None
+    psnr_min_db: float | None = None
+    baseline: bool | None = None
+    latency_ratio: float | None = None
+    latency_interval: tuple[float, float | None] | None = None  # the upper end None: unbounded
+    latency_reference: LatencyReference | None = None
+
+
+@dataclass(frozen=True)
 class Verdict:
     card: str
     world: World
     target_references: int
     flags: str | None  # the flag set that decided it
     reason: str  # rendered by runner.verdict_text from the typed decision
-    evidence: dict[str, Any]
+    evidence: Evidence
     cells: tuple[Cell, ...]
     notes: tuple[str, ...]
-    stops: tuple[Blocked, ...] = ()  # why each other flag set does not decide it (evidence["flag_sets"], typed)
+    # Known in the run, not kept in verdict.json (Field(exclude)): the evidence holds their kept form.
+    stops: Annotated[tuple[Blocked, ...], Field(exclude=True)] = ()  # why each other flag set does not decide it
     findings: Findings | None = None  # where the memory goes, what binds, where a fix would go
-    latency: Latency | None = None  # the deciding offload flag set's (evidence["latency_*"], typed)
+    latency: Annotated[Latency | None, Field(exclude=True)] = None  # the deciding offload flag set's, with its sides
 
     def to_json(self) -> dict[str, Any]:
-        # the typed stops and latency are in the evidence already (flag_sets, latency_*)
-        return {k: v for k, v in as_json(self).items() if k not in ("stops", "latency")}
+        return dict(_VERDICT_JSON.dump_python(self, mode="json"))
 
 
 def _device_peak(step: StepRecord) -> tuple[int | None, str | None]:
@@ -222,10 +272,9 @@ class Blocked:
         says = [_short(line) for line in self.server_says if without_stamp(line) not in self.why]
         return self.why + where + (f"; server log: {' / '.join(says)}" if says else "")
 
-    def to_json(self) -> dict[str, Any]:
-        return {"stop": self.stop.value, "why": self.why, "record": self.record,
-                "server_says": list(self.server_says), "cause": self.cause, "references": self.references,
-                "detail": self.detail, "memory": self.memory}
+    def evidence(self) -> StopEvidence:
+        return StopEvidence(self.stop, self.why, self.record, self.server_says, self.cause, self.references,
+                            self.detail, self.flags, self.memory)
 
     @classmethod
     def from_json(cls, flags: str, d: dict[str, Any], role: str = "") -> Blocked:
@@ -551,25 +600,19 @@ def _short(line: str) -> str:
     return clip(without_stamp(line), 200)
 
 
-def _evidence(d: Decision) -> dict[str, Any]:
-    """verdict.json's evidence, from the typed decision: the deciding cell's figures and latency; every
-    other flag set's stop (`flag_sets`); the stops that leave the card undecided (`blocking`)."""
-    out: dict[str, Any] = {}
-    if d.cell is not None:
-        c, lat = d.cell, d.latency
-        out = {"steps": list(c.steps), "peak_bytes": c.peak_bytes, "peak_source": c.peak_source,
-               "host_peak_bytes": c.host_peak_bytes, "wall_s": c.wall_s,
-               "wall_spread_s": [c.wall_min_s, c.wall_max_s], "wall_samples": c.wall_samples,
-               "psnr_db": c.psnr_db, "psnr_min_db": c.psnr_min_db, "baseline": c.baseline,
-               "latency_ratio": None if lat is None else lat.ratio,
-               "latency_interval": None if lat is None else [lat.low, lat.high if lat.bounded else None],
-               "latency_reference": None if lat is None else {"wall_s": lat.reference_wall_s, "what": lat.reference,
-                                                              "samples": list(lat.samples),
-                                                              "references": lat.references}}
-    out["flag_sets"] = {b.flags: b.to_json() for b in d.stops}
-    if d.world == World.UNDECIDED:
-        out["blocking"] = [{"flags": b.flags, **b.to_json()} for b in d.stops if b.stop == Stop.UNKNOWN]
-    return out
+def _evidence(d: Decision) -> Evidence:
+    """verdict.json's evidence, from the typed decision."""
+    stops = {b.flags: b.evidence() for b in d.stops}
+    blocking = tuple(stops[b.flags] for b in d.stops if b.stop == Stop.UNKNOWN) if d.world == World.UNDECIDED else ()
+    if d.cell is None:
+        return Evidence(stops, blocking)
+    c, lat = d.cell, d.latency
+    return Evidence(
+        stops, blocking, c.steps, c.peak_bytes, c.peak_source, c.host_peak_bytes, c.wall_s,
+        (c.wall_min_s, c.wall_max_s), c.wall_samples, c.psnr_db, c.psnr_min_db, c.baseline,
+        None if lat is None else lat.ratio,
+        None if lat is None else (lat.low, lat.high if lat.bounded else None),
+        None if lat is None else LatencyReference(lat.reference_wall_s, lat.reference, lat.samples, lat.references))
 
 
 def open_latencies(card: str, steps: list[StepRecord], sessions: list[SessionRecord], rules: VerdictRules,
@@ -590,3 +633,7 @@ def decide_all(steps: list[StepRecord], sessions: list[SessionRecord], rules: Ve
                ) -> list[Verdict]:
     return [decide(card, [s for s in steps if s.card == card], [s for s in sessions if s.card == card], rules,
                    baseline_wall_s, (capacities or {}).get(card), allocator) for card in cards]
+
+
+# verdict.json's form of a Verdict (pydantic reads the dataclasses; runner.schemas publishes its schema)
+_VERDICT_JSON = TypeAdapter(Verdict)

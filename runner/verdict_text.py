@@ -96,13 +96,13 @@ def summary(v: Verdict) -> str:
     2.5"). The evidence is below the table, in the card's section."""
     head = []
     ev = v.evidence
-    if v.flags and ev.get("peak_bytes") is not None:
+    if v.flags and ev.peak_bytes is not None:
         lat = v.latency
         vs = "" if lat is None else f", {lat.ratio:.2f}× " + (
             f"the baseline's recorded latency at {_refs(lat.references)}" if lat.reference.startswith("the baseline")
             else f"the default's latency at {_refs(lat.references)}")
-        head.append(f"{v.flags} serves {_refs(v.target_references)} at peak {fmt_bytes(ev['peak_bytes'])}, "
-                    f"{fmt_s(ev.get('wall_s'))} s/request at {v.target_references}{vs}{_headroom(v) or ''}")
+        head.append(f"{v.flags} serves {_refs(v.target_references)} at peak {fmt_bytes(ev.peak_bytes)}, "
+                    f"{fmt_s(ev.wall_s)} s/request at {v.target_references}{vs}{_headroom(v) or ''}")
     unknown = [b for b in v.stops if b.stop == "unknown"] if v.world == "undecided" else []
     if unknown:  # what blocked it, its record and the server's own line first: the part a reader needs
         head.append("cannot tell — " + "; ".join(

@@ -132,7 +132,8 @@ def test_a_ratio_clearly_over_the_limit_is_rejected() -> None:
     lane = Lane("1:1.4:7", "3.2:4:8")  # ≈ 3 against 2
     assert lane.run() == World.NOT_BUILT
     v = decide("c", list(lane.records.values()), lane.sessions, RULES)
-    assert v.evidence["flag_sets"]["host"]["stop"] == "latency" and "too slow" in v.evidence["flag_sets"]["host"]["why"]
+    host = v.to_json()["evidence"]["flag_sets"]["host"]
+    assert host["stop"] == "latency" and "too slow" in host["why"]
 
 
 def test_a_naive_interval_looked_at_after_every_send_would_decide_at_the_limit() -> None:

@@ -40,7 +40,7 @@ def test_fits_resident_when_default_serves_target() -> None:
     steps = [step("default", "default", 1), step("default", "default", 2, gib=3.0)]
     v = decide("c", steps, [session("default", "default")], RULES)
     assert v.world == World.FITS_RESIDENT and v.flags == "default"
-    assert v.evidence["peak_bytes"] == 3 * 2**30 and v.evidence["peak_source"] == "nvml"
+    assert v.to_json()["evidence"]["peak_bytes"] == 3 * 2**30 and v.to_json()["evidence"]["peak_source"] == "nvml"
 
 
 def test_offload_works_with_latency_ratio_against_default() -> None:
@@ -50,10 +50,10 @@ def test_offload_works_with_latency_ratio_against_default() -> None:
     v = decide("c", steps, [session("default", "default"), session("host", "offload")], RULES)
     assert v.world == World.OFFLOAD_WORKS and v.flags == "host"
     # the same workload on both sides: offload at 1 ref vs default at 1 ref (not offload at 2 vs default at 1)
-    assert v.evidence["latency_ratio"] == 1.25
-    assert v.evidence["latency_reference"]["what"].startswith("default 'default' at 1 reference(s)")
+    assert v.to_json()["evidence"]["latency_ratio"] == 1.25
+    assert v.to_json()["evidence"]["latency_reference"]["what"].startswith("default 'default' at 1 reference(s)")
     assert "out of memory at 2" in v.reason
-    assert v.evidence["flag_sets"]["default"]["record"] == "c/default/refs-2/f-seed-1"
+    assert v.to_json()["evidence"]["flag_sets"]["default"]["record"] == "c/default/refs-2/f-seed-1"
 
 
 def test_offload_too_slow_is_not_built() -> None:
@@ -62,7 +62,7 @@ def test_offload_too_slow_is_not_built() -> None:
              step("host", "offload", 1, wall=9.0), step("host", "offload", 2, wall=9.0)]
     v = decide("c", steps, [session("default", "default"), session("host", "offload")], RULES)
     assert v.world == World.NOT_BUILT and "too slow: latency ratio 9.00 [9.00–9.00]" in v.reason
-    assert v.evidence["flag_sets"]["host"]["stop"] == "latency"  # its own reason, not quality
+    assert v.to_json()["evidence"]["flag_sets"]["host"]["stop"] == "latency"  # its own reason, not quality
 
 
 def test_broken_output_does_not_count_as_served() -> None:
@@ -83,7 +83,7 @@ def test_one_failed_seed_means_not_served_and_a_timeout_proves_nothing() -> None
                                                           kind=FailureClass.TIMEOUT)]
     v = decide("c", steps, [session("default", "default")], RULES)
     assert v.world == World.UNDECIDED
-    assert v.evidence["blocking"][0]["record"] == "c/default/refs-2/f-seed-2"
+    assert v.to_json()["evidence"]["blocking"][0]["record"] == "c/default/refs-2/f-seed-2"
 
 
 def test_quantization_serving_is_noted_but_not_offload() -> None:
@@ -116,7 +116,7 @@ def test_start_failure_without_oom_is_undecided_with_the_servers_own_line() -> N
     v = decide("c", steps, [session("default", "default", FailureClass.LOAD_EXIT, IMPORT_TAIL)], RULES)
     assert v.world == World.UNDECIDED and v.flags is None
     assert "ModuleNotFoundError: No module named 'opentelemetry'" in v.reason and "[c/default]" in v.reason
-    (block,) = v.evidence["blocking"]
+    (block,) = v.to_json()["evidence"]["blocking"]
     assert block["flags"] == "default" and block["stop"] == "unknown" and block["record"] == "c/default"
     assert block["server_says"] == ["ModuleNotFoundError: No module named 'opentelemetry'"]
 
@@ -146,7 +146,7 @@ def test_skip_after_the_restart_limit_cites_the_lost_step() -> None:
              step("default", "default", 2, Status.SKIPPED)]
     v = decide("c", steps, [session("default", "default")], RULES)
     assert v.world == World.UNDECIDED
-    assert v.evidence["blocking"][0]["record"] == "c/default/refs-1/f-seed-1"
+    assert v.to_json()["evidence"]["blocking"][0]["record"] == "c/default/refs-1/f-seed-1"
     assert "after timeout: boom" in v.reason
 
 
@@ -163,14 +163,15 @@ def test_evidence_cites_the_oom_not_the_skip_it_implied() -> None:
              step("default", "default", 4, Status.SKIPPED)]
     v = decide("c", steps, [session("default", "default")], rules)
     assert v.world == World.NOT_BUILT
-    assert v.evidence["flag_sets"]["default"]["record"] == "c/default/refs-3/f-seed-1"
+    assert v.to_json()["evidence"]["flag_sets"]["default"]["record"] == "c/default/refs-3/f-seed-1"
     assert "out of memory at 3 reference(s) (which implies 4)" in v.reason
-    assert v.evidence["flag_sets"]["default"]["server_says"] == ["torch.OutOfMemoryError: CUDA out of memory"]
+    says = v.to_json()["evidence"]["flag_sets"]["default"]["server_says"]
+    assert says == ["torch.OutOfMemoryError: CUDA out of memory"]
     # the skip names its deciding step (implied_by): that one is cited, even with another OOM beside it
     seed2 = step("default", "default", 3, Status.FAILED, kind=FailureClass.OOM, seed=2)
     named = [*steps[:2], seed2, replace(steps[2], implied_by=seed2.key)]
     v = decide("c", named, [session("default", "default")], rules)
-    assert v.evidence["flag_sets"]["default"]["record"] == "c/default/refs-3/f-seed-2"
+    assert v.to_json()["evidence"]["flag_sets"]["default"]["record"] == "c/default/refs-3/f-seed-2"
 
 
 def test_baseline_cell_is_labelled_not_scored_against_itself() -> None:
@@ -200,10 +201,10 @@ SESSIONS = [session("default", "default"), session("host", "offload")]
 def test_ratio_interval_clearly_under_is_offload_works() -> None:
     v = decide("c", _latency_case((1.5, 1.6, 1.4, 1.7)), SESSIONS, RULES)
     assert v.world == World.OFFLOAD_WORKS
-    lo, hi = v.evidence["latency_interval"]
-    assert 1.4 / 1.1 <= lo <= v.evidence["latency_ratio"] <= hi <= min(1.7 / 0.9, RULES.max_latency_ratio)
-    assert v.evidence["latency_reference"]["samples"] == [4, 3]
-    assert v.evidence["wall_spread_s"] == [1.4, 1.7] and v.evidence["wall_samples"] == 4
+    lo, hi = v.to_json()["evidence"]["latency_interval"]
+    assert 1.4 / 1.1 <= lo <= v.to_json()["evidence"]["latency_ratio"] <= hi <= min(1.7 / 0.9, RULES.max_latency_ratio)
+    assert v.to_json()["evidence"]["latency_reference"]["samples"] == [4, 3]
+    assert v.to_json()["evidence"]["wall_spread_s"] == [1.4, 1.7] and v.to_json()["evidence"]["wall_samples"] == 4
 
 
 def test_ratio_interval_straddling_the_limit_is_undecided() -> None:
@@ -224,16 +225,16 @@ def test_an_undecided_offload_flag_set_is_not_called_non_offload() -> None:
 def test_ratio_interval_clearly_over_rejects_that_flag_set() -> None:
     v = decide("c", _latency_case((3.0, 3.3, 3.1, 3.2)), SESSIONS, RULES)  # 3.0/1.1 = 2.73 > 2.5
     assert v.world == World.NOT_BUILT
-    assert v.evidence["flag_sets"]["host"]["stop"] == "latency" and "too slow" in v.reason
+    assert v.to_json()["evidence"]["flag_sets"]["host"]["stop"] == "latency" and "too slow" in v.reason
 
 
 def test_without_a_common_count_the_baseline_wall_time_is_the_reference() -> None:
     steps = [step("default", "default", 1, Status.FAILED, kind=FailureClass.OOM),
              step("host", "offload", 2, wall=20.0, samples=(20.0, 22.0))]
     v = decide("c", steps, SESSIONS, RULES, baseline_wall_s=10.0)
-    assert v.world == World.OFFLOAD_WORKS and v.evidence["latency_interval"] == [2.0, 2.2]
-    assert v.evidence["latency_reference"]["samples"] == [2, 1]
-    assert "the baseline's recorded wall time (10 s) at 2" in v.evidence["latency_reference"]["what"]
+    assert v.world == World.OFFLOAD_WORKS and v.to_json()["evidence"]["latency_interval"] == [2.0, 2.2]
+    assert v.to_json()["evidence"]["latency_reference"]["samples"] == [2, 1]
+    assert "the baseline's recorded wall time (10 s) at 2" in v.to_json()["evidence"]["latency_reference"]["what"]
 
 
 def test_more_repeats_narrow_the_interval() -> None:

@@ -38,7 +38,7 @@ def test_default_that_says_nothing_about_memory_makes_the_card_undecided(name: s
              step("host", "offload", 1, wall=1.2), step("host", "offload", 2, wall=1.5)]
     v = decide("c", steps, [session("default", "default"), session("host", "offload")], RULES)
     assert v.world == World.UNDECIDED, v.reason
-    assert v.evidence["blocking"][0]["record"] == "c/default/refs-2/f-seed-1"
+    assert v.to_json()["evidence"]["blocking"][0]["record"] == "c/default/refs-2/f-seed-1"
     assert any("offload 'host' serves 2 reference(s), which decides nothing" in n for n in v.notes), v.notes
 
 

@@ -16,7 +16,7 @@ from rich.console import Console
 from runner.cli import invoked_as
 from runner.progress import ProgressView, column_widths, verdict_line
 from runner.records import Status
-from runner.verdict import Latency, Verdict, World
+from runner.verdict import Evidence, Latency, Verdict, World
 
 from .test_plots import step
 
@@ -89,9 +89,8 @@ def test_a_start_failure_gives_its_reason_on_its_line() -> None:
 
 def test_verdict_line_says_the_reference_count_of_each_figure() -> None:
     # the console line is the report table's summary (runner.verdict_text): each figure with its count
-    ev = {"peak_bytes": 7.36 * 2**20, "peak_source": "server-response", "wall_s": 0.84, "psnr_db": 100.0,
-          "latency_ratio": 1.34, "latency_reference": {"wall_s": 0.47, "what": "default 'default' at 2 "
-                                                       "reference(s), both sides at 2", "references": 2}}
+    ev = Evidence(peak_bytes=int(7.36 * 2**20), peak_source="server-response", wall_s=0.84, psnr_db=100.0,
+                  latency_ratio=1.34)
     lat = Latency(1.34, 1.2, 1.5, "default 'default' at 2 reference(s), both sides at 2", 0.47, (4, 4), 2)
     v = Verdict("cpu-tight", World.OFFLOAD_WORKS, 4, "cond-host", "", evidence=ev, cells=(), notes=(), latency=lat)
     line = verdict_line(v)

@@ -13,7 +13,7 @@ from runner.records import Failure, FailureClass, Peak, ServerStart, SessionReco
 from runner.report import write_report
 from runner.store import RunStore
 from runner.units import clip
-from runner.verdict import Verdict, World, decide_all
+from runner.verdict import Evidence, Verdict, World, decide_all
 from runner.verdict_text import summary
 
 from .test_plots import BROKEN, RULES, card_steps, never_started, step
@@ -100,7 +100,7 @@ def test_console_and_report_say_each_stop_in_the_same_words(tmp_path: Path) -> N
 
 def test_a_long_summary_is_clipped_at_words() -> None:
     v = Verdict("c", World.NOT_BUILT, 4, None, "; ".join(["default 'default': server did not start (oom_at_load: "
-                                                          "out of memory at load)"] * 8), {}, (), ())
+                                                          "out of memory at load)"] * 8), Evidence(), (), ())
     line = verdict_line(v)
     assert len(line) <= 320 and line.startswith("c: not-built — ") and line.endswith("…")
     assert clip("a total capacity of 7.75 MiB of which", 26) == "a total capacity of …"
