@@ -65,7 +65,9 @@ def fingerprint(matrix: Matrix, plan: Plan, salt: str, environ: Mapping[str, str
         out[f"env ${{{name}}}"] = "unset" if value is None else _sha(f"{salt}\0{name}\0{value}".encode())
     for s in plan.sessions:
         if s.server is not None:
-            server = {k: v for k, v in asdict(s.server).items() if k != "labels"}
+            # the profile is a pydantic model (runner.matrix): its dump is what asdict gave when it was a dataclass
+            server = {k: v for k, v in asdict(s.server).items() if k != "labels"} | \
+                {"profile": s.server.profile.model_dump()}
             out[f"server command of {s.key}"] = _sha(_canonical(server))
     return out
 

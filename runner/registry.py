@@ -18,7 +18,7 @@ from functools import cache
 from typing import Any, Generic, Literal, Protocol, TypeVar
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from runner.vocab import MemoryMetric
 
@@ -130,15 +130,15 @@ class MeterEntry:
 
 
 class DcgmOptions(Options):
-    dcgm_url: str  # dcgm-exporter's /metrics
+    dcgm_url: str = Field(description="dcgm-exporter's /metrics URL")
 
 
 class PrometheusOptions(Options):
-    prometheus_url: str  # the Prometheus server that scrapes dcgm-exporter
+    prometheus_url: str = Field(description="the Prometheus server that scrapes dcgm-exporter")
 
 
 class SidecarOptions(Options):
-    sidecar_url: str  # `runner meter` on the GPU's host
+    sidecar_url: str = Field(description="`runner meter` on the GPU's host")
 
 
 METERS: Registry[MeterEntry] = Registry("meter")
@@ -214,13 +214,17 @@ def docker_size(value: object) -> int:
 
 
 class DockerOptions(BackendOptions):
-    docker_host: str | None = None  # unix://, tcp://, ssh://user@host; default DOCKER_HOST or the local socket
-    publish_host: str = "127.0.0.1"  # the address the container's port is published on
+    docker_host: str | None = Field(None, description="unix://, tcp:// or ssh://user@host (default: DOCKER_HOST, "
+                                                      "else the local socket)")
+    publish_host: str = Field("127.0.0.1", description="the address the container's port is published on (for a "
+                                                      "remote docker_host: one the runner reaches)")
     # The container's host-memory limit in bytes (`mem_limit = "512m"` in the matrix), swap included: past it
     # the kernel's OOM killer ends the server, and the failure says host memory. None: no limit.
-    mem_limit: int | None = None
+    mem_limit: int | None = Field(None, description='the container\'s host-memory limit, swap included: "512m", "4g" '
+                                                    "(b, k, m, g) or bytes; past it the kernel's OOM killer ends the "
+                                                    "server (default: none)")
 
-    @field_validator("mem_limit", mode="before")
+    @field_validator("mem_limit", mode="before", json_schema_input_type=str | int | None)
     @classmethod
     def _size(cls, v: object) -> int | None:
         return None if v is None else docker_size(v)
@@ -336,16 +340,18 @@ _GRES = re.compile(r"^(gres[:/])?gpu(:[A-Za-z0-9_.-]+)?(:\d+)?$|^[A-Za-z][A-Za-z
 class SlurmOptions(BackendOptions):
     """A card submitted through Slurm: one allocation per lane, one job step per server start."""
 
-    partition: str  # the partition the lane's allocation is asked of
-    gres: str  # "gpu:rtx3090:1", "gpu:1", or a GPU type name ("rtx3090" = gpu:rtx3090:1)
-    account: str | None = None
-    qos: str | None = None
-    time_limit: str | None = None  # sbatch --time: "30", "1:30:00", "1-00:00:00"
-    constraint: str | None = None  # sbatch --constraint (node features)
-    sbatch_args: tuple[str, ...] = ()  # more sbatch arguments for the allocation, as given
-    srun_args: tuple[str, ...] = ()  # more srun arguments for every step (server and meter)
-    meter_args: tuple[str, ...] = ()  # more `runner meter` arguments for the sidecar step (e.g. --hz 200)
-    python: str | None = None  # the interpreter on the compute nodes that has runner installed (default: this one)
+    partition: str = Field(description="the partition the lane's allocation is asked of")
+    gres: str = Field(description='"gpu:rtx3090:1", "gpu:1", or a GPU type name ("rtx3090" = gpu:rtx3090:1)')
+    account: str | None = Field(None, description="sbatch --account of the allocation")
+    qos: str | None = Field(None, description="sbatch --qos of the allocation")
+    time_limit: str | None = Field(None, description='sbatch --time: "30", "1:30:00", "1-00:00:00", "UNLIMITED"')
+    constraint: str | None = Field(None, description="sbatch --constraint (node features)")
+    sbatch_args: tuple[str, ...] = Field((), description="more sbatch arguments for the allocation, as given")
+    srun_args: tuple[str, ...] = Field((), description="more srun arguments for every step (server and meter)")
+    meter_args: tuple[str, ...] = Field((), description="more `runner meter` arguments for the sidecar step "
+                                                        "(e.g. --hz 200)")
+    python: str | None = Field(None, description="the interpreter on the compute nodes that has runner installed "
+                                                 "(default: this one)")
 
     @field_validator("sbatch_args", "srun_args", "meter_args", mode="before")
     @classmethod

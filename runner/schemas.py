@@ -3,7 +3,9 @@
 - result.schema.json: the records (runner.records, through runner.schemagen);
 - findings.schema.json: the findings and profiles.json (runner.findings.models);
 - verdict.schema.json: verdict.json, from runner.verdict's declarations (pydantic reads the dataclasses;
-  objects take no keys they do not declare).
+  objects take no keys they do not declare);
+- matrix.schema.json: matrix.toml, from runner.matrix's table models (JSON Schema draft 4, what taplo / Even
+  Better TOML validate a matrix with in an editor).
 
 tests/core/test_schema.py fails when a committed file differs from what this module generates.
 """
@@ -16,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from runner import schemagen
+from runner import matrix, schemagen
 from runner.verdict import Verdict
 
 FOLDER = Path(__file__).resolve().parent / "schema"
@@ -54,7 +56,8 @@ def verdict_schema() -> dict[str, Any]:
 def texts() -> dict[str, str]:
     """File name → text, for every published schema."""
     return {"result.schema.json": schemagen.render(), "findings.schema.json": schemagen.render_findings(),
-            "verdict.schema.json": json.dumps(verdict_schema(), indent=2) + "\n"}
+            "verdict.schema.json": json.dumps(verdict_schema(), indent=2) + "\n",
+            "matrix.schema.json": matrix.render_schema()}
 
 
 def write(folder: Path = FOLDER) -> list[Path]:

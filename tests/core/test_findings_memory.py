@@ -129,7 +129,7 @@ def test_profiles_list_who_serves_each_count_fastest_first_and_drop_the_too_slow
              served("host", 1, GIB // 2, wall=1.5, role="offload"), served("host", 2, GIB, wall=4.0, role="offload"),
              served("slow", 1, GIB, wall=9.0, role="offload")]
     steps = [replace(s, wall_samples_s=(s.wall_s, s.wall_s)) for s in steps]
-    rules = replace(RULES, target_references=2)
+    rules = RULES.model_copy(update={"target_references": 2})
     v = decide("c", steps, [session("default"), session("host", "offload"), session("slow", "offload")], rules,
                capacity_bytes=3 * GIB)
     doc = profiles("r", [v], rules, {"c": 3 * GIB})

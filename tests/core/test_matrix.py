@@ -48,6 +48,21 @@ def test_minimal_matrix_loads_with_defaults(matrix_dir: Path) -> None:
     ('"--port", "{port}"', '"--port", "{prot}"', "uses unknown placeholder {prot}"),
     ('[run]', '[run\n', "TOML syntax error"),
     ('"refs/b.png"', '"refs/missing.png"', "key 'fixtures.pair.references[1]': reference image not found"),
+    # declared models (issue 16): strict TOML types, both bounds named, derived keys not settable
+    ('vram_gib = 0.5', 'vram_gib = true', "key 'cards.small.vram_gib' must be a number, got True"),
+    ('seeds = [1, 2]', 'seeds = [1, "2"]', "key 'run.seeds[1]' must be an integer, got '2'"),
+    ('steps = 4', 'steps = 4\nsample_hz = 1e-300', "key 'run.sample_hz' must be between 0.1 and 1000, got 1e-300"),
+    ('steps = 4', 'steps = 4\nrequest_timeout_s = 0', "key 'run.request_timeout_s' must be > 0 and <= 604800, got 0"),
+    ('vram_gib = 0.5', 'vram_gib = 0.5\nname = "other"', "unknown key 'cards.small.name'"),
+    ('vram_gib = 0.5', 'vram_gib = 0.5\noptions = {}', "unknown key 'cards.small.options'"),
+    ('vram_gib = 0.5', 'vram_gib = 0.5\nvram_mib = 512', "key 'cards.small.vram_gib' is required (or vram_mib), "
+                                                       "exactly one of the two"),
+    ('[matrix]', '[verdict]\nlatency_looks = 3\n\n[matrix]', "unknown key 'verdict.latency_looks'"),
+    ('[matrix]', '[baseline]\n\n[matrix]', "[baseline] needs exactly one of 'dir' or 'cell'"),
+    ('[matrix]', '[baseline]\ncell = "small/nope"\n\n[matrix]', "key 'baseline.cell' must be 'CARD/FLAGS'"),
+    ('command = [', 'command = 3\nx = [', "key 'servers.ref.command' must be a list, got 3"),
+    ('[cards.small]', '[cards.small]\ndocker_host = "ssh://h"', "key 'cards.small.docker_host' applies to "
+                                                             "backend 'docker' only"),
 ])
 def test_bad_input_is_one_clear_line(matrix_dir: Path, old: str, new: str, expected: str) -> None:
     path = edit(matrix_dir, old, new)

@@ -1,5 +1,7 @@
 """Property-based fuzz of the matrix loader: whatever the file holds, load_matrix returns a Matrix or raises
-UserError (one line) — never any other exception. Placeholder rendering of an accepted matrix never raises.
+UserError (one line) — never any other exception. Placeholder rendering of an accepted matrix never raises,
+and the published schema (runner/schema/matrix.schema.json, what an editor checks) accepts what the loader
+accepts.
 """
 
 from __future__ import annotations
@@ -12,12 +14,16 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runner.errors import UserError
 from runner.matrix import PLACEHOLDERS, load_matrix
 from runner.plan import render_template
+
+SCHEMA = jsonschema.Draft4Validator(json.loads((Path(__file__).resolve().parents[2] / "runner" / "schema" /
+                                                "matrix.schema.json").read_text()))
 
 BASE = tomllib.loads(textwrap.dedent("""
     [run]
@@ -101,6 +107,8 @@ def check(text_: str) -> None:
         except UserError as exc:
             assert "\n" not in str(exc)
             return
+        errors = [e.message for e in SCHEMA.iter_errors(tomllib.loads(m.text))]
+        assert not errors, errors  # the editor's schema must not refuse a matrix the runner runs
         values = dict.fromkeys(PLACEHOLDERS, "v")
         for s in m.servers.values():
             for t in (*s.command, *s.env.values()):

@@ -113,3 +113,72 @@ def test_runner_schema_writes_every_published_schema(tmp_path: Path) -> None:
     for name, text in schemas.texts().items():
         assert (tmp_path / name).read_text() == text
         assert (PUBLISHED.parent / name).read_text() == text, f"runner/schema/{name} drifted: run `runner schema`"
+
+
+MATRIX_SCHEMA = PUBLISHED.parent / "matrix.schema.json"
+ROOT = PUBLISHED.parents[2]
+
+
+def matrix_validator() -> jsonschema.protocols.Validator:
+    schema = json.loads(MATRIX_SCHEMA.read_text())
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    assert cls is jsonschema.Draft4Validator  # taplo (Even Better TOML) validates with draft 4
+    return cls(schema)
+
+
+def test_committed_matrix_schema_matches_the_models() -> None:
+    from runner import matrix
+
+    assert MATRIX_SCHEMA.read_text() == matrix.render_schema(), \
+        "runner/schema/matrix.schema.json drifted: run `runner schema`"
+
+
+def test_every_shipped_matrix_validates_against_the_matrix_schema() -> None:
+    import tomllib
+
+    validator = matrix_validator()
+    paths = [ROOT / "matrix.toml", *sorted((ROOT / "examples").glob("*.toml"))]
+    assert len(paths) >= 5
+    for path in paths:
+        errors = [e.message for e in validator.iter_errors(tomllib.loads(path.read_text()))]
+        assert not errors, (path, errors)
+
+
+def test_matrix_schema_rejects_what_the_loader_rejects(matrix_dir: Path) -> None:
+    """An unknown key, a wrong type, a bool for a number, a bad name, a key of another backend: refused by
+    the editor's schema as by the loader."""
+    import tomllib
+
+    from runner.errors import UserError
+    from runner.matrix import load_matrix
+
+    validator = matrix_validator()
+    text = (matrix_dir / "matrix.toml").read_text()
+    assert validator.is_valid(tomllib.loads(text))
+    for old, new in [("steps = 4", "stepz = 4"), ("steps = 4", 'steps = "4"'), ("steps = 4", "steps = true"),
+                     ("vram_gib = 0.5", "vram_gib = -1"), ("[cards.small]", '[cards."a/b"]'),
+                     ("[cards.small]", '[cards.small]\ndocker_host = "ssh://x"'),
+                     ('role = "default"', 'role = "fast"'), ("references = [1, 2]", "references = [1, 99]")]:
+        assert old in text, old
+        bad = text.replace(old, new, 1)
+        assert not validator.is_valid(tomllib.loads(bad)), new
+        (matrix_dir / "bad.toml").write_text(bad)
+        try:
+            load_matrix(matrix_dir / "bad.toml")
+        except UserError:
+            continue
+        raise AssertionError(f"the loader accepted {new!r}")
+
+
+def test_every_matrix_key_is_described() -> None:
+    """Each table field (and each registry entry's card key) carries a description: the schema is the
+    editor's hover text."""
+    def walk(node: object, where: str) -> None:
+        if isinstance(node, dict):
+            for key, prop in node.get("properties", {}).items():
+                assert isinstance(prop, dict) and prop.get("description"), f"{where}.{key} has no description"
+            for key, value in node.items():
+                walk(value, f"{where}.{key}")
+
+    walk(json.loads(MATRIX_SCHEMA.read_text()), "schema")

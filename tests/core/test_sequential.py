@@ -141,7 +141,7 @@ def test_a_naive_interval_looked_at_after_every_send_would_decide_at_the_limit()
     # more often than 1 in 20 when the true ratio sits on the limit.
     global RULES
     saved = RULES
-    RULES = replace(RULES, latency_looks=1)
+    RULES = RULES.model_copy(update={"latency_looks": 1})
     try:
         decided = sum(Lane(f"1:1.4:{s}", f"2:2.8:{s + 1000}").run() != World.UNDECIDED for s in range(20))
     finally:

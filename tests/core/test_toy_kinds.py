@@ -200,7 +200,7 @@ def test_a_toy_entrys_card_keys_are_validated_by_its_model(toys: None, matrix_di
     with pytest.raises(UserError, match=re.escape(required)):
         load_matrix(path)
     path.write_text(textwrap.dedent(MATRIX).replace("toy_level_mib = 3", 'toy_level_mib = "3"'))
-    wrong = "key 'cards.toycard.toy_level_mib' input should be a valid integer"
+    wrong = "key 'cards.toycard.toy_level_mib' must be an integer, got '3'"
     with pytest.raises(UserError, match=re.escape(wrong)):
         load_matrix(path)
 

@@ -157,7 +157,7 @@ def test_a_default_that_fits_wins_over_an_undecided_offload() -> None:
 
 
 def test_evidence_cites_the_oom_not_the_skip_it_implied() -> None:
-    rules = replace(RULES, target_references=4)
+    rules = RULES.model_copy(update={"target_references": 4})
     steps = [step("default", "default", 2), step("default", "default", 3, Status.FAILED, kind=FailureClass.OOM,
                                                    evidence=("torch.OutOfMemoryError: CUDA out of memory",)),
              step("default", "default", 4, Status.SKIPPED)]

@@ -128,7 +128,7 @@ def test_read_only_mount_env_and_tilde(docker_client, base_image, tmp_path, monk
     (tmp_path / "weights" / "hello.txt").write_text("weights-are-here\n")
     script = "cat /w/hello.txt; echo \"greeting=$GREETING\"; touch /w/new 2>&1 || true; echo done"
     spec = make_spec(tmp_path / "session", ("sh", "-c", script), image=base_image, env={"GREETING": "hi"},
-                     mounts=(Mount("~/weights", "/w"),))
+                     mounts=(Mount(source="~/weights", target="/w"),))
     server = DockerServer(*spec)
     try:
         server.start()
@@ -227,15 +227,16 @@ def test_reachable_host_follows_the_engine():
 
 def test_bind_mounts_expand_tilde_only_for_local_engines(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
-    spec = make_spec(tmp_path, ("true",), mounts=(Mount("~/w", "/w"), Mount("/data/x", "/x", read_only=False)))
+    spec = make_spec(tmp_path, ("true",), mounts=(Mount(source="~/w", target="/w"),
+                                                  Mount(source="/data/x", target="/x", read_only=False)))
     local = bind_mounts(spec.plan.profile.mounts, spec.plan.options.docker_host)
     assert local[0]["Source"] == str(tmp_path / "w") and local[0]["ReadOnly"] is True
     assert local[1]["Source"] == "/data/x" and local[1]["ReadOnly"] is False
     remote = make_spec(tmp_path, ("true",), docker_host="ssh://me@gpu-box.example", publish_host="0.0.0.0",
-                       mounts=(Mount("/home/me/w", "/w"),))
+                       mounts=(Mount(source="/home/me/w", target="/w"),))
     assert bind_mounts(remote.plan.profile.mounts, remote.plan.options.docker_host)[0]["Source"] == "/home/me/w"
     tilde = make_spec(tmp_path, ("true",), docker_host="ssh://me@gpu-box.example", publish_host="0.0.0.0",
-                      mounts=(Mount("~/w", "/w"),))
+                      mounts=(Mount(source="~/w", target="/w"),))
     with pytest.raises(ValueError, match="absolute path on the remote host"):
         bind_mounts(tilde.plan.profile.mounts, tilde.plan.options.docker_host)
 

@@ -47,7 +47,7 @@ def build_run(root: Path) -> tuple[RunStore, str]:
     store.write_run({"run_id": "r1", "matrix": {"path": "/x/local.toml", "sha256": "0" * 64, "text": MATRIX},
                      "runner": {"version": "0.1.0"}, "cards": {"c": {"vram_gib": 6 / 1024}},
                      "plan": {"sessions": ["c/default", "c/offload", "c/int8", "c/fp8", "c/resident"]}})
-    rules = replace(RULES, target_references=3)
+    rules = RULES.model_copy(update={"target_references": 3})
     steps, sessions = store.load_steps(), store.load_sessions()
     # "resident" never ran at the target (3): as an offload role it would leave the card undecided
     roles = {"default": "default", "offload": "offload", "resident": "other", "int8": "quantization",
@@ -86,7 +86,7 @@ def test_report_reads_right(tmp_path: Path) -> None:
 
 def test_console_and_report_say_each_stop_in_the_same_words(tmp_path: Path) -> None:
     store, text = build_run(tmp_path / "r1")
-    rules = replace(RULES, target_references=3)
+    rules = RULES.model_copy(update={"target_references": 3})
     (v,) = decide_all(store.load_steps(), store.load_sessions(), rules, ["c"])
     line = verdict_line(v)
     assert line == f"c: not-built — {summary(v)}"
