@@ -146,3 +146,38 @@ def test_loader_random_documents_never_trace_back(doc: dict) -> None:
 @given(st.text(max_size=300))
 def test_loader_random_text_never_traces_back(raw: str) -> None:
     check(raw)
+
+
+VALUES = [0, 1, 2, 8, -1, 70000, 0.5, 2.5, 1e-300, 1e9, True, False, "", "x", "auto", "64x64", "/health", "default",
+          "offload", "local", "docker", "small", "small/default", "vllm-omni-chat", "{port}", "${HOME}", "512m",
+          [], [0], [1, 2], [2, 1], ["x"], ["server"], ["small"], ["default"], ["pair"], [{"card": "small"}],
+          [{"source": "/a", "target": "/b"}], {}, {"A": "1"}, {"A": 1}, {"bad-key": "1"}]
+
+
+def test_the_schema_accepts_every_matrix_the_loader_accepts() -> None:
+    """Each declared key of each table set to each of a set of values, one at a time: whenever the loader
+    accepts the matrix, so does the published schema (an editor must never flag a matrix that runs)."""
+    sections = {"run": ("run", None), "ServerProfile": ("servers", "ref"), "Card": ("cards", "small"),
+                "FlagSet": ("flags", "default"), "Fixture": ("fixtures", "pair"), "Axes": ("matrix", None),
+                "VerdictRules": ("verdict", None), "Baseline": ("baseline", None)}
+    defs = SCHEMA.schema["definitions"]
+    accepted = 0
+    for model, (section, name) in sections.items():
+        keys = defs["RunSettings" if model == "run" else model]["properties"]
+        for key in keys:
+            for v in VALUES:
+                doc = json.loads(json.dumps(BASE))
+                table = doc.setdefault(section, {})
+                table = table.setdefault(name, {}) if name else table
+                table[key] = v
+                with tempfile.TemporaryDirectory() as tmp:
+                    path = Path(tmp) / "m.toml"
+                    path.write_text(dump(doc))
+                    try:
+                        text = load_matrix(path, check_files=False).text
+                    except UserError:
+                        continue
+                accepted += 1
+                errors = [e.message for e in SCHEMA.iter_errors(tomllib.loads(text))]
+                assert not errors, (section, key, v, errors)
+    assert accepted > 100  # the sweep reached matrices that load, not only refusals
