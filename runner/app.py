@@ -27,7 +27,8 @@ from runner.interrupts import Interrupts, exit_code
 from runner.matrix import Matrix, load_matrix
 from runner.pending import Pending, pending
 from runner.plan import Plan, make_plan, sends_text
-from runner.records import RunRecord
+from runner.records import RecordError, RunRecord
+from runner.records import load as load_record
 from runner.registry import BACKENDS, load
 from runner.store import RunStore
 from runner.units import slug
@@ -245,6 +246,15 @@ def run(matrix_path: str, *, results: str | None = None, resume: str | None = No
         interrupts.restore()
 
 
+def declared_run(doc: dict[str, Any], root: Path) -> dict[str, Any]:
+    """run.json as RunRecord declares it (an older run's migrated to the current form), or one line naming the
+    field that is not."""
+    try:
+        return load_record(RunRecord, doc).model_dump(mode="json")
+    except RecordError as exc:
+        raise UserError(f"{root / 'run.json'}: {exc}") from None
+
+
 def _run(opened: Opened, command: list[str], progress: bool, metrics_port: int | None, skip_unreachable: bool,
          interrupts: Interrupts, live: set, todo: Pending | None = None) -> int:
     from runner.progress import ProgressView
@@ -253,7 +263,7 @@ def _run(opened: Opened, command: list[str], progress: bool, metrics_port: int |
         todo = left_to_do(opened)
         if todo.steps:
             todo = check_reachable(opened.matrix, todo, skip_unreachable=skip_unreachable)
-    opened.store.write_run(RunRecord.from_json(opened.run_doc).to_json())
+    opened.store.write_run(declared_run(opened.run_doc, opened.store.root))
     owed = 0 if todo.steps else owed_topups(opened)
     print(banner(opened, todo, owed), file=sys.stderr)
     from runner.baseline import cell_mismatch
@@ -293,7 +303,7 @@ def _run(opened: Opened, command: list[str], progress: bool, metrics_port: int |
     if opened.resumed:
         doc["resumes"] = [*opened.run_doc.get("resumes", []), {"at_iso": runinfo.iso_time(finished),
                                                                "steps_to_send": todo.steps}]
-    opened.store.write_run(RunRecord.from_json(doc).to_json())  # the declared shape, or a TypeError here
+    opened.store.write_run(declared_run(doc, opened.store.root))
     verdicts = finish(opened.store, opened.matrix, rescore=bool(todo.steps))
     left = left_to_do(opened)
     if interrupted or interrupts.interrupted:

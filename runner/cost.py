@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from runner.matrix import VerdictRules
@@ -33,7 +33,7 @@ def sends_of(r: StepRecord) -> tuple[SendTime, ...]:
     walls += [walls[0] if walls else (r.wall_s or 0.0)] * (n - len(walls))
     out, t = [], r.started_at
     for i, w in enumerate(walls):
-        out.append(SendTime(t, w, i < len(r.wall_samples_s or ())))
+        out.append(SendTime(started_at=t, wall_s=w, timed=i < len(r.wall_samples_s or ())))
         t += w
     return tuple(out)
 
@@ -107,13 +107,13 @@ def _visible_at(r: StepRecord, by_key: dict[str, StepRecord], sessions: dict[str
 def _as_of(r: StepRecord, t: float, seen: float | None) -> StepRecord:
     """A step as its record stood at time t: not yet run, or with the timed samples answered by then."""
     if seen is None or seen > t:
-        return replace(r, status=Status.SKIPPED, skip_reason="not yet run", implied_by=None, failure=None,
-                       scores=None, wall_samples_s=(), sends=())
+        return r.model_copy(update={"status": Status.SKIPPED, "skip_reason": "not yet run", "implied_by": None,
+                                    "failure": None, "scores": None, "wall_samples_s": (), "sends": ()})
     if r.status != Status.OK or not r.sends:
         return r
     timed = [s for s in r.sends if s.timed]
     done = max(1, sum(1 for s in timed if _end(s) <= t))
-    return replace(r, wall_samples_s=r.wall_samples_s[:done])
+    return r.model_copy(update={"wall_samples_s": r.wall_samples_s[:done]})
 
 
 def _known_at(card: str, steps: list[StepRecord], sessions: list[SessionRecord], rules: VerdictRules,

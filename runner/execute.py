@@ -248,9 +248,9 @@ class SessionRunner:
             image = scoring.decode(served.image_bytes, bounded.pixel_cap(self.run.size))
         except Exception as exc:  # any undecodable payload is a bad response, with its reason
             problem = without_addresses(f"image does not decode: {type(exc).__name__}: {exc}")
-            failure = step.failure or Failure(FailureClass.BAD_RESPONSE, problem, ())
-            return replace(step, status=Status.FAILED, failure=failure, image=None, image_sha256=None,
-                           deterministic=None), None
+            failure = step.failure or Failure(kind=FailureClass.BAD_RESPONSE, message=problem, evidence=())
+            return step.model_copy(update={"status": Status.FAILED, "failure": failure, "image": None,
+                                           "image_sha256": None, "deterministic": None}), None
         name, base_image = self.baselines.image(step)
         rules = self.ctx.matrix.verdict
         scores = scoring.score(image, base_image, name, max_transparent_share=rules.max_transparent_share,
@@ -263,7 +263,7 @@ class SessionRunner:
                 repeat_psnr = scoring.score(repeat, image, None).psnr_db
             except Exception:  # an undecodable repeat is simply not comparable
                 repeat_psnr = None
-        return replace(step, scores=scores, repeat_psnr_db=repeat_psnr), served.image_bytes
+        return step.model_copy(update={"scores": scores, "repeat_psnr_db": repeat_psnr}), served.image_bytes
 
     # -- the session: a thin loop around policy.next_action -------------------------------------------
     def run_session(self) -> SessionRecord:
@@ -382,7 +382,7 @@ class _Server:
             self.failure = self.server.quote_failure(exc.failure)
         except Exception as exc:  # the backend itself failed (engine unreachable, bad image...)
             self.failure = self.server.quote_failure(
-                Failure(FailureClass.LOAD_EXIT, f"{type(exc).__name__}: {exc}"[:500]))
+                Failure(kind=FailureClass.LOAD_EXIT, message=f"{type(exc).__name__}: {exc}"[:500]))
             self.server.stop()
         self.t_ready = time.time()
         why = None if self.failure is None else start_failure_line(self.failure)

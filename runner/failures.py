@@ -10,7 +10,6 @@ line, an ERROR-level log line — what a reader needs to see why, without openin
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 
 from runner.findings.models import OomReport
 from runner.findings.oom import read_oom
@@ -82,8 +81,9 @@ def classify_request(*, http_status: int | None, body: str, log_window: str, tim
     """A request's outcome → a Failure, or None when an image came back."""
     body_oom, log_oom = oom_lines(body), oom_lines(log_window)
     if oom_killed:  # the engine says so (docker's State.OOMKilled): an OOM, of host memory, not a crash
-        return Failure(FailureClass.OOM, f"server {HOST_OOM}, during the request",
-                       log_oom or _evidence(log_window), http_status, server_exit, KILLED)
+        return Failure(kind=FailureClass.OOM, message=f"server {HOST_OOM}, during the request",
+                       evidence=log_oom or _evidence(log_window), http_status=http_status, exit_code=server_exit,
+                       oom=KILLED)
     # A server the scheduler is ending may still answer (a 500 as it shuts down): its line decides.
     failed = server_exit is not None or http_status is None or http_status >= 400
     ended = _ended_by_scheduler(log_window) if failed else None
@@ -91,29 +91,34 @@ def classify_request(*, http_status: int | None, body: str, log_window: str, tim
         return ended
     if server_exit is not None:
         if not log_oom and server_exit in OUTSIDE_STOP:
-            return Failure(FailureClass.STOPPED,
-                           f"server was stopped from outside during the request (exit code {server_exit}: "
+            return Failure(kind=FailureClass.STOPPED,
+                           message=f"server was stopped from outside during the request (exit code {server_exit}: "
                            f"{OUTSIDE_STOP[server_exit]}); not a measurement, a resume sends it again",
-                           _evidence(log_window), http_status, server_exit)
+                           evidence=_evidence(log_window), http_status=http_status, exit_code=server_exit)
         if log_oom:
-            return Failure(FailureClass.OOM, f"server exited with code {server_exit} during the request",
-                           log_oom, http_status, server_exit, read_oom(body=body, log=log_window))
-        return Failure(FailureClass.CRASH,
-                       _with_cause(f"server exited with code {server_exit} during the request", log_window),
-                       _evidence(log_window), http_status, server_exit)
+            return Failure(kind=FailureClass.OOM, message=f"server exited with code {server_exit} during the request",
+                           evidence=log_oom, http_status=http_status, exit_code=server_exit,
+                           oom=read_oom(body=body, log=log_window))
+        return Failure(kind=FailureClass.CRASH,
+                       message=_with_cause(f"server exited with code {server_exit} during the request", log_window),
+                       evidence=_evidence(log_window), http_status=http_status, exit_code=server_exit)
     if timed_out:
-        return Failure(FailureClass.TIMEOUT, "no response within the request deadline", _evidence(log_window))
+        return Failure(kind=FailureClass.TIMEOUT, message="no response within the request deadline",
+                       evidence=_evidence(log_window))
     if http_status is None:
-        return Failure(FailureClass.CONNECTION, body[:300] or "connection failed", _evidence(log_window))
+        return Failure(kind=FailureClass.CONNECTION, message=body[:300] or "connection failed",
+                       evidence=_evidence(log_window))
     if http_status >= 400:
         if body_oom or log_oom:
             where = "response body" if body_oom else "server log during the request"
-            return Failure(FailureClass.OOM, f"HTTP {http_status}; out-of-memory text in the {where}",
-                           body_oom or log_oom, http_status, oom=read_oom(body=body, log=log_window))
-        return Failure(FailureClass.HTTP_ERROR, f"HTTP {http_status}: {body[:300]}", _evidence(log_window),
-                       http_status)
+            return Failure(kind=FailureClass.OOM, message=f"HTTP {http_status}; out-of-memory text in the {where}",
+                           evidence=body_oom or log_oom, http_status=http_status,
+                           oom=read_oom(body=body, log=log_window))
+        return Failure(kind=FailureClass.HTTP_ERROR, message=f"HTTP {http_status}: {body[:300]}",
+                       evidence=_evidence(log_window),
+                       http_status=http_status)
     if parse_problem:
-        return Failure(FailureClass.BAD_RESPONSE, parse_problem, (), http_status)
+        return Failure(kind=FailureClass.BAD_RESPONSE, message=parse_problem, evidence=(), http_status=http_status)
     return None
 
 
@@ -138,9 +143,9 @@ def references_dropped(*, log_window: str, sent: int, http_status: int | None) -
     if served >= sent:
         return None
     evidence = tuple(drops) or tuple(ln.strip()[:400] for ln in lines if RECEIVED_REFS.search(ln))[-1:]
-    return Failure(FailureClass.REFERENCES_DROPPED,
-                   f"HTTP {http_status} with an image, but the server served {max(served, 0)} of {sent} "
-                   "references (the rest were dropped)", evidence[:4], http_status)
+    return Failure(kind=FailureClass.REFERENCES_DROPPED,
+                   message=f"HTTP {http_status} with an image, but the server served {max(served, 0)} of {sent} "
+                   "references (the rest were dropped)", evidence=evidence[:4], http_status=http_status)
 
 
 def classify_start(*, exit_code: int | None, oom_killed: bool, timed_out: bool, log_tail: str) -> Failure:
@@ -148,18 +153,20 @@ def classify_start(*, exit_code: int | None, oom_killed: bool, timed_out: bool, 
     ooms = oom_lines(log_tail)
     ended = _ended_by_scheduler(log_tail, "before it was ready")
     if ended is not None and not ooms:
-        return replace(ended, exit_code=exit_code)
+        return ended.model_copy(update={"exit_code": exit_code})
     if ooms or oom_killed:
         if oom_killed and not ooms:
-            return Failure(FailureClass.OOM_AT_LOAD, HOST_OOM, tail(log_tail), None, exit_code, KILLED)
-        return Failure(FailureClass.OOM_AT_LOAD, "out of memory at load", ooms, None, exit_code,
-                       read_oom(log=log_tail))
+            return Failure(kind=FailureClass.OOM_AT_LOAD, message=HOST_OOM, evidence=tail(log_tail), http_status=None,
+                           exit_code=exit_code, oom=KILLED)
+        return Failure(kind=FailureClass.OOM_AT_LOAD, message="out of memory at load", evidence=ooms, http_status=None,
+                       exit_code=exit_code,
+                       oom=read_oom(log=log_tail))
     if timed_out:
-        return Failure(FailureClass.READY_TIMEOUT, _with_cause("not ready before the deadline", log_tail),
-                       _evidence(log_tail), None, exit_code)
-    return Failure(FailureClass.LOAD_EXIT,
-                   _with_cause(f"server exited with code {exit_code} before it was ready", log_tail),
-                   _evidence(log_tail), None, exit_code)
+        return Failure(kind=FailureClass.READY_TIMEOUT, message=_with_cause("not ready before the deadline", log_tail),
+                       evidence=_evidence(log_tail), http_status=None, exit_code=exit_code)
+    return Failure(kind=FailureClass.LOAD_EXIT,
+                   message=_with_cause(f"server exited with code {exit_code} before it was ready", log_tail),
+                   evidence=_evidence(log_tail), http_status=None, exit_code=exit_code)
 
 
 def _ended_by_scheduler(text: str, when: str = "during the request") -> Failure | None:
@@ -171,7 +178,7 @@ def _ended_by_scheduler(text: str, when: str = "during the request") -> Failure 
     what = {"cancelled": "cancelled by the scheduler (scancel)", "preempted": "preempted by the scheduler",
             "time_limit": "ended by the scheduler at the allocation's time limit",
             "node_failure": "lost with its node (node failure)"}[end.cause]
-    return Failure(CLUSTER_CLASS[end.cause], f"server {what} {when}", (end.line, *tail(text, 4)))
+    return Failure(kind=CLUSTER_CLASS[end.cause], message=f"server {what} {when}", evidence=(end.line, *tail(text, 4)))
 
 
 # An object's repr inside an exception message (`<_io.BytesIO object at 0x7f3a…>`): a different address every

@@ -1,98 +1,45 @@
-# mypy: disable-error-code="misc"
-# (mypy reads `= _schema(...)` as a default: a field specifier it does not know; the dataclasses are right)
-"""The values that cross module lines: what a step, a session and a run produced, as frozen dataclasses.
+"""The values that cross module lines: what a step, a session and a run produced, as pydantic models.
 
-Each on-disk record is declared here once: the dataclass is the declaration, `schema_version` says which
-one wrote a file, and the published JSON Schema (runner/schema/result.schema.json) is generated from these
-declarations by runner.schemagen (a test fails when the committed schema drifts). Extra schema constraints
-sit beside the field (`field(metadata={"schema": ...})`) or the class (`SCHEMA_EXTRA`).
+Each on-disk record is declared here once (frozen, unknown keys refused, the findings' `Record` base): the
+model validates a file, writes it (`model_dump(mode="json")`) and is the published JSON Schema
+(runner/schema/result.schema.json, written by `runner schema`; a test fails when the committed file drifts).
+Constraints the schema states beyond the types sit beside the class (`_schema_extra`).
+
+A file is read with `load(StepRecord, doc)`: `migrate` brings a record of any earlier `schema_version` to the
+current form (the one place that knows old formats), then the model validates it strictly, as JSON types
+("references": "two" or "2" is refused, never coerced), and a refusal is a RecordError of one line:
+`field: value: problem`.
 """
 
 from __future__ import annotations
 
-import re
-import types
-import typing
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+import json
+from collections.abc import Callable
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel
+from pydantic import ConfigDict, Field, ValidationError
 
-from runner.findings.models import OomReport
+from runner.findings.models import OomReport, Record
 from runner.vocab import MemoryMetric, Role
 
+# 1: files without the field
 # 2: implied_by, wall_samples_s, schema_version; a start may be open (stopped_at null) after a kill
 # 3: server_peak_mb -> server_peak_mib + server_peak_source + server_peak_measures; failure references_dropped
-# (3 also: sends, added with a default: readers of 3 without it see no send times)
+# (3 also: sends, added with a default: records of 3 without it have no send times)
 SCHEMA_VERSION = 3
 
 
-def _plain(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """asdict's dict factory: the findings' pydantic models (OomReport, ...) become their JSON form."""
-    return {k: v.model_dump(mode="json") if isinstance(v, BaseModel) else v for k, v in pairs}
+def _schema_extra(*, required: tuple[str, ...] = (), rules: dict[str, Any] | None = None
+                  ) -> Callable[[dict[str, Any]], None]:
+    """A model's JSON Schema beyond its types: `required` keeps defaulted fields required in the schema (a
+    record this runner writes always holds them), `rules` adds keywords (if/then rules)."""
 
+    def extra(schema: dict[str, Any]) -> None:
+        schema["required"] = [*schema.get("required", ()), *required]
+        schema.update(rules or {})
 
-def as_json(record: Any) -> dict[str, Any]:
-    return asdict(record, dict_factory=_plain)
-
-
-def _schema(*, default: Any = ..., required: bool = False, **constraints: Any) -> Any:
-    """A field with JSON Schema constraints; `required` keeps a defaulted field required in the schema."""
-    meta = {"schema": constraints, "required": required}
-    return field(metadata=meta) if default is ... else field(default=default, metadata=meta)
-
-
-class RecordTypeError(ValueError):
-    """A record file's field holds a value of the wrong type ("references": "two"): the file is not a record
-    of this runner. The message names the field and the value."""
-
-
-def _fits(value: Any, hint: Any) -> bool:
-    """Whether a JSON value can stand for a field declared `hint` (the declarations below use only these)."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        return any(_fits(value, h) for h in typing.get_args(hint))
-    if hint is type(None):
-        return value is None
-    if hint is Any:
-        return True
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is str:
-        return isinstance(value, str)
-    if isinstance(hint, type) and issubclass(hint, StrEnum):
-        return isinstance(value, str)  # which names are known is from_json's to say (Status, FailureClass)
-    if isinstance(hint, type) and is_dataclass(hint):
-        return isinstance(value, dict)  # checked field by field by its own from_json
-    if origin is tuple:
-        args = typing.get_args(hint)
-        return isinstance(value, (list, tuple)) and all(_fits(v, args[0]) for v in value)
-    if origin is dict or hint is dict:
-        return isinstance(value, dict)
-    return True
-
-
-def check_types(cls: type, d: Any) -> None:
-    """RecordTypeError unless `d` is a JSON object whose fields have the types `cls` declares (fields it does
-    not know are left to the caller: older and newer records differ in which fields they hold)."""
-    if not isinstance(d, dict):
-        raise RecordTypeError(f"{cls.__name__}: a {type(d).__name__}, not a JSON object")
-    hints = typing.get_type_hints(cls)
-    for f in fields(cls):
-        if f.name in d and not _fits(d[f.name], hints[f.name]):
-            shown = repr(d[f.name])
-            raise RecordTypeError(f"{cls.__name__}.{f.name}: {shown[:60]}{'…' if len(shown) > 60 else ''} is not "
-                                  f"{_type_name(hints[f.name])}")
-
-
-def _type_name(hint: Any) -> str:
-    text = str(hint).replace("typing.", "").replace("runner.records.", "").replace("runner.vocab.", "")
-    return re.sub(r"<(?:class|enum) '([\w.]+)'>", r"\1", text).replace(", ...]", "…]")
+    return extra
 
 
 class Status(StrEnum):
@@ -124,209 +71,156 @@ class FailureClass(StrEnum):
     NODE_FAILURE = "node_failure"  # the node failed or was lost
 
 
-@dataclass(frozen=True)
-class Failure:
+class Failure(Record):
+    model_config = ConfigDict(json_schema_extra=_schema_extra(required=("evidence",)))
+
     kind: FailureClass
     message: str
-    # log lines or body excerpts that decided the class
-    evidence: tuple[str, ...] = _schema(required=True, default=())
+    evidence: tuple[str, ...] = Field(default=(), description="log lines or body excerpts that decided the class")
     http_status: int | None = None
     exit_code: int | None = None
-    oom: OomReport | None = None  # an out-of-memory failure: PyTorch's message taken apart, and its site
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Failure:
-        check_types(cls, d)
-        return cls(FailureClass(d["kind"]), d["message"], tuple(d.get("evidence", ())), d.get("http_status"),
-                   d.get("exit_code"), OomReport.model_validate(d["oom"]) if d.get("oom") else None)
+    oom: OomReport | None = Field(default=None, description="an out-of-memory failure: PyTorch's message taken "
+                                                            "apart, and its site")
 
 
-@dataclass(frozen=True)
-class Peak:
+class Peak(Record):
     """One peak figure with its provenance; `available` false means unknown, never zero."""
 
-    source: str  # a meter name, or "server-response" (a peak the server reported in its response)
-    metric: MemoryMetric  # "device" (VRAM) or "host" (host RAM of the server)
-    bytes: int | None = _schema(minimum=0)
-    samples: int = _schema(minimum=0)
+    model_config = ConfigDict(json_schema_extra=_schema_extra(rules={
+        "if": {"properties": {"available": {"const": False}}},
+        "then": {"properties": {"bytes": {"type": "null"}, "reason": {"type": "string"}}}}))
+
+    source: str = Field(description="a meter name, or 'server-response' (a peak the server reported in its "
+                                    "response)")
+    metric: MemoryMetric = Field(description="'device' (VRAM) or 'host' (host RAM of the server)")
+    bytes: int | None = Field(ge=0)
+    samples: int = Field(ge=0)
     rate_hz: float | None
     available: bool
     reason: str | None = None
 
-    SCHEMA_EXTRA: ClassVar[dict[str, Any]] = {
-        "if": {"properties": {"available": {"const": False}}},
-        "then": {"properties": {"bytes": {"type": "null"}, "reason": {"type": "string"}}}}
 
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Peak:
-        check_types(cls, d)
-        return cls(**d)
+class Sanity(Record):
+    model_config = ConfigDict(json_schema_extra=_schema_extra(required=("reasons",)))
 
-
-@dataclass(frozen=True)
-class Sanity:
     width: int
     height: int
     mode: str
-    transparent_share: float = _schema(minimum=0, maximum=1)  # share of pixels with alpha == 0
-    pixel_std: float  # std of RGB values over the image (flat/grey images are near 0)
+    transparent_share: float = Field(ge=0, le=1, description="share of pixels with alpha == 0")
+    pixel_std: float = Field(description="std of RGB values over the image (flat/grey images are near 0)")
     nan_or_black: bool
     broken: bool
-    reasons: tuple[str, ...] = _schema(required=True, default=())
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Sanity:
-        check_types(cls, d)
-        return cls(**{**d, "reasons": tuple(d.get("reasons", ()))})
+    reasons: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class Scores:
-    baseline: str | None  # the baseline image scored against (path or step key)
+class Scores(Record):
+    baseline: str | None = Field(description="the baseline image scored against (path or step key)")
     psnr_db: float | None
     ssim: float | None
     size_match: bool | None
-    reason: str | None  # why psnr/ssim are missing, when they are
+    reason: str | None = Field(description="why psnr/ssim are missing, when they are")
     sanity: Sanity
 
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Scores:
-        check_types(cls, d)
-        return cls(**{**d, "sanity": Sanity.from_json(d["sanity"])})
 
-
-@dataclass(frozen=True)
-class SendTime:
+class SendTime(Record):
     """One HTTP send of a step's request: when, how long, and whether it is one of the timed samples (the
     determinism re-send is not; a send that failed is not)."""
 
-    started_at: float  # epoch seconds
-    wall_s: float = _schema(minimum=0)
+    started_at: float = Field(description="epoch seconds")
+    wall_s: float = Field(ge=0)
     timed: bool
 
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> SendTime:
-        return cls(**d)
+
+# what each status needs (`failure` and `scores` are declared `X | null`: "object" says not null)
+_STEP_RULES = [
+    {"if": {"properties": {"status": {"const": "failed"}}},
+     "then": {"properties": {"failure": {"type": "object"}}}},
+    {"if": {"properties": {"status": {"const": "skipped"}}},
+     "then": {"properties": {"skip_reason": {"type": "string"}}}},
+    {"if": {"properties": {"status": {"const": "ok"}}},
+     "then": {"properties": {"image": {"type": "string"}, "image_sha256": {"type": "string"},
+                             "scores": {"type": "object"}}}}]
 
 
-@dataclass(frozen=True)
-class StepRecord:
+class StepRecord(Record):
     """<card>/<flags>/refs-<n>/<fixture>-seed-<s>.json"""
 
-    key: str = _schema(pattern="^[^/]+/[^/]+/refs-[0-9]+/[^/]+-seed-[0-9-]+$")
+    model_config = ConfigDict(json_schema_extra=_schema_extra(required=("peaks", "schema_version"),
+                                                              rules={"allOf": _STEP_RULES}))
+
+    key: str = Field(pattern="^[^/]+/[^/]+/refs-[0-9]+/[^/]+-seed-[0-9-]+$")
     card: str
     flags: str
     role: Role
     fixture: str
-    references: int = _schema(minimum=0)
+    references: int = Field(ge=0)
     seed: int
     status: Status
-    attempt: int = _schema(minimum=0, default=0)  # which server start of the session served it (0 = first)
-    started_at: float | None = None  # epoch seconds at send
-    wall_s: float | None = None  # the first send's wall time
-    wall_samples_s: tuple[float, ...] = ()  # every timed send of this request ([run] repeats), first included
+    attempt: int = Field(default=0, ge=0, description="which server start of the session served it (0 = first)")
+    started_at: float | None = Field(default=None, description="epoch seconds at send")
+    wall_s: float | None = Field(default=None, description="the first send's wall time")
+    wall_samples_s: tuple[float, ...] = Field(default=(), description="every timed send of this request "
+                                                                      "([run] repeats), first included")
     failure: Failure | None = None
     skip_reason: str | None = None
-    implied_by: str | None = None  # skipped because this step's OOM decides it (key of the deciding step)
-    lost: bool = False  # in flight when the server died
-    image: str | None = None  # PNG file name beside the record
+    implied_by: str | None = Field(default=None, description="skipped because this step's OOM decides it (key of "
+                                                             "the deciding step)")
+    lost: bool = Field(default=False, description="in flight when the server died")
+    image: str | None = Field(default=None, description="PNG file name beside the record")
     image_sha256: str | None = None
     # The server's own peak from its response (`peak_memory_mb`; the value is MiB: bytes / 1024²), where in
     # the response it was found, and what it measures ("reserved": vLLM-Omni 0.30's torch
     # max_memory_reserved for the request; "unspecified": an older top-level field of unknown meaning).
     server_peak_mib: float | None = None
     server_peak_source: str | None = None
-    server_peak_measures: str | None = _schema(default=None, enum=["reserved", "unspecified", None])
-    peaks: tuple[Peak, ...] = _schema(required=True, default=())
+    server_peak_measures: Literal["reserved", "unspecified"] | None = None
+    peaks: tuple[Peak, ...] = ()
     scores: Scores | None = None
-    deterministic: bool | None = None  # the request sent again (repeats / first-step check): same bytes?
-    repeat_psnr_db: float | None = None  # when not identical: PSNR of the differing repeat against the first image
-    request: dict[str, Any] = field(default_factory=dict)
-    # Every send of this request in order, top-ups of `repeats = "auto"` included: its cost, and when each
-    # timed sample existed (the report's "verdict known at"). Empty in records written before it existed.
-    sends: tuple[SendTime, ...] = ()
-    schema_version: int = _schema(required=True, minimum=1, default=SCHEMA_VERSION)
-
-    SCHEMA_EXTRA: ClassVar[dict[str, Any]] = {"allOf": [
-        {"if": {"properties": {"status": {"const": "failed"}}},
-         "then": {"properties": {"failure": {"$ref": "#/$defs/Failure"}}}},
-        {"if": {"properties": {"status": {"const": "skipped"}}},
-         "then": {"properties": {"skip_reason": {"type": "string"}}}},
-        {"if": {"properties": {"status": {"const": "ok"}}},
-         "then": {"properties": {"image": {"type": "string"}, "image_sha256": {"type": "string"},
-                                 "scores": {"$ref": "#/$defs/Scores"}}}}]}
-
-    def to_json(self) -> dict[str, Any]:
-        return as_json(self)
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> StepRecord:
-        check_types(cls, d)
-        d = dict(d)
-        if "server_peak_mb" in d:  # records written before the rename: a top-level figure, meaning unknown
-            d["server_peak_mib"] = d.pop("server_peak_mb")
-            if d["server_peak_mib"] is not None:
-                d.setdefault("server_peak_source", "peak_memory_mb")
-                d.setdefault("server_peak_measures", "unspecified")
-        return cls(**{
-            "schema_version": 1,  # files written before records carried their version
-            **d,
-            "status": Status(d["status"]),
-            "failure": Failure.from_json(d["failure"]) if d.get("failure") else None,
-            "peaks": tuple(Peak.from_json(p) for p in d.get("peaks", ())),
-            "wall_samples_s": tuple(d.get("wall_samples_s", ())),
-            "sends": tuple(SendTime.from_json(x) for x in d.get("sends", ())),
-            "scores": Scores.from_json(d["scores"]) if d.get("scores") else None,
-        })
+    deterministic: bool | None = Field(default=None, description="the request sent again (repeats / first-step "
+                                                                 "check): same bytes?")
+    repeat_psnr_db: float | None = Field(default=None, description="when not identical: PSNR of the differing "
+                                                                   "repeat against the first image")
+    request: dict[str, Any] = Field(default_factory=dict)
+    sends: tuple[SendTime, ...] = Field(default=(), description="every send of this request in order, top-ups of "
+                                        "`repeats = \"auto\"` included: its cost, and when each timed sample "
+                                        "existed (the report's \"verdict known at\")")
+    schema_version: int = Field(default=SCHEMA_VERSION, ge=1)
 
     def peak(self, metric: str = "device") -> Peak | None:
         """The best available peak for a metric: the first available one in meter order."""
         return next((p for p in self.peaks if p.metric == metric and p.available), None)
 
 
-@dataclass(frozen=True)
-class ServerStart:
+class ServerStart(Record):
     attempt: int
     started_at: float
-    ready_s: float | None  # seconds from start to ready; None if it never was (or still loading)
+    ready_s: float | None = Field(description="seconds from start to ready; None if it never was (or still "
+                                              "loading)")
     failure: Failure | None
-    stopped_at: float | None = None  # None while running (a start open when the runner was killed stays so)
+    stopped_at: float | None = Field(default=None, description="None while running (a start open when the "
+                                                               "runner was killed stays so)")
     load_peaks: tuple[Peak, ...] = ()
-    info: dict[str, Any] = field(default_factory=dict)  # pid or container id, image digest, command
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> ServerStart:
-        check_types(cls, d)
-        return cls(**{**d, "failure": Failure.from_json(d["failure"]) if d.get("failure") else None,
-                      "load_peaks": tuple(Peak.from_json(p) for p in d.get("load_peaks", ()))})
+    info: dict[str, Any] = Field(default={}, description="pid or container id, image digest, command")
 
 
-@dataclass(frozen=True)
-class SessionRecord:
+class SessionRecord(Record):
     """<card>/<flags>/session.json"""
 
-    key: str = _schema(pattern="^[^/]+/[^/]+$")
+    model_config = ConfigDict(json_schema_extra=_schema_extra(required=("schema_version",)))
+
+    key: str = Field(pattern="^[^/]+/[^/]+$")
     card: str
     flags: str
     role: Role
-    backend: str  # a runner.registry.BACKENDS name
+    backend: str = Field(description="a runner.registry.BACKENDS name")
     starts: tuple[ServerStart, ...]
     session_peaks: tuple[Peak, ...] = ()
-    meters: tuple[dict[str, Any], ...] = ()  # provenance per meter: source, available, reason, samples, hz
-    idle_baseline: dict[str, Any] = field(default_factory=dict)
+    meters: tuple[dict[str, Any], ...] = Field(default=(), description="provenance per meter: source, available, "
+                                                                       "reason, samples, hz")
+    idle_baseline: dict[str, Any] = Field(default_factory=dict)
     log: str | None = None
     notes: tuple[str, ...] = ()
-    schema_version: int = _schema(required=True, minimum=1, default=SCHEMA_VERSION)
-
-    def to_json(self) -> dict[str, Any]:
-        return as_json(self)
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> SessionRecord:
-        check_types(cls, d)
-        return cls(**{"schema_version": 1, **d, "starts": tuple(ServerStart.from_json(s) for s in d["starts"]),
-                      "session_peaks": tuple(Peak.from_json(p) for p in d.get("session_peaks", ())),
-                      "meters": tuple(d.get("meters", ())), "notes": tuple(d.get("notes", ()))})
+    schema_version: int = Field(default=SCHEMA_VERSION, ge=1)
 
     @property
     def start_failure(self) -> Failure | None:
@@ -335,30 +229,104 @@ class SessionRecord:
         return last.failure if last and last.ready_s is None else None
 
 
-@dataclass(frozen=True)
-class RunRecord:
+class RunRecord(Record):
     """run.json: what was asked (the matrix, its hash, the plan) and what was found (versions, host, the
     facts per card), when it ran, and each resume."""
+
+    model_config = ConfigDict(json_schema_extra=_schema_extra(required=("schema_version",)))
 
     run_id: str
     started_at: float
     started_at_iso: str
-    matrix: dict[str, Any]  # path, sha256, text
-    runner: dict[str, Any]  # version, python, packages
-    host: dict[str, Any]  # hostname, platform, cpus
-    cards: dict[str, Any]  # per card: what was asked, and the facts found (image digests, engine, GPU)
-    plan: dict[str, Any]  # lanes, steps, sessions (keys, in plan order)
+    matrix: dict[str, Any] = Field(description="path, sha256, text")
+    runner: dict[str, Any] = Field(description="version, python, packages")
+    host: dict[str, Any] = Field(description="hostname, platform, cpus")
+    cards: dict[str, Any] = Field(description="per card: what was asked, and the facts found (image digests, "
+                                              "engine, GPU)")
+    plan: dict[str, Any] = Field(description="lanes, steps, sessions (keys, in plan order)")
     finished_at: float | None = None
     finished_at_iso: str | None = None
     interrupted: bool = False
-    resumes: tuple[dict[str, Any], ...] = ()  # when, and how many steps each resume had to send
-    # digest per input the records depend on (runner.inputs): a resume whose inputs differ is refused
-    inputs: dict[str, str] = field(default_factory=dict)
-    schema_version: int = _schema(required=True, minimum=1, default=SCHEMA_VERSION)
+    resumes: tuple[dict[str, Any], ...] = Field(default=(), description="when, and how many steps each resume "
+                                                                        "had to send")
+    inputs: dict[str, str] = Field(default={}, description="digest per input the records depend on "
+                                                           "(runner.inputs): a resume whose inputs differ is "
+                                                           "refused")
+    schema_version: int = Field(default=SCHEMA_VERSION, ge=1)
 
-    def to_json(self) -> dict[str, Any]:
-        return as_json(self)
 
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> RunRecord:
-        return cls(**{"schema_version": 1, **d, "resumes": tuple(d.get("resumes", ()))})
+ROOTS: tuple[type[Record], ...] = (StepRecord, SessionRecord, RunRecord)  # the record files, as published
+
+
+# --- reading a record file: migrate, then validate ---------------------------------------------------------
+
+class RecordError(ValueError):
+    """A record file that is not a record of this runner: one line, `field: value: problem`."""
+
+
+def _v2_step(d: dict[str, Any]) -> dict[str, Any]:
+    """Version 2 and earlier: the server's peak was a top-level `server_peak_mb`, meaning unknown."""
+    if "server_peak_mb" not in d:
+        return d
+    d = dict(d)
+    d["server_peak_mib"] = d.pop("server_peak_mb")
+    if d["server_peak_mib"] is not None:
+        d.setdefault("server_peak_source", "peak_memory_mb")
+        d.setdefault("server_peak_measures", "unspecified")
+    return d
+
+
+# What changed in each version for each record, applied in order (a version's additions that have defaults
+# need no step: a file without them reads with the default).
+_UPGRADES: dict[type[Record], dict[int, Callable[[dict[str, Any]], dict[str, Any]]]] = {
+    StepRecord: {2: _v2_step, 1: _v2_step},
+}
+
+
+def migrate(model: type[Record], data: dict[str, Any]) -> dict[str, Any]:
+    """A record dict of any earlier schema_version in the current form (a new dict; `data` is not changed).
+    A version newer than this runner's is a RecordError: its fields may mean something this one does not
+    know."""
+    version = data.get("schema_version", 1)  # files written before records carried their version
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise RecordError(f"schema_version: {_shown(version)}: not a record version (1 to {SCHEMA_VERSION})")
+    if version > SCHEMA_VERSION:
+        raise RecordError(f"schema_version: {version}: written by a newer runner (this one reads 1 to "
+                          f"{SCHEMA_VERSION})")
+    out = dict(data)
+    steps = _UPGRADES.get(model, {})
+    for v in range(version, SCHEMA_VERSION):
+        if v in steps:
+            out = steps[v](out)
+    out["schema_version"] = SCHEMA_VERSION
+    return out
+
+
+R = TypeVar("R", bound=Record)
+
+
+def load(model: type[R], data: Any) -> R:
+    """A record file's JSON object as `model`, migrated and validated as JSON (strict types), or RecordError."""
+    if not isinstance(data, dict):
+        raise RecordError(f"a {type(data).__name__}, not a JSON object")
+    try:
+        return model.model_validate_json(json.dumps(migrate(model, data)), strict=True)
+    except ValidationError as exc:
+        raise RecordError(problem(exc)) from None
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    text = repr(value)  # repr: control characters from a file are escaped, never sent to the console
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def problem(exc: ValidationError) -> str:
+    """pydantic's error as one line: `field.path: value: problem` (the first error, and how many more)."""
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    where = ".".join(str(p) for p in first["loc"]) or "(record)"
+    if first["type"] == "missing":
+        line = f"{where}: missing"
+    else:
+        line = f"{where}: {_shown(first['input'])}: {first['msg'][0].lower()}{first['msg'][1:]}"
+    return line + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")

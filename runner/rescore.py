@@ -5,8 +5,6 @@ not rewritten."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from runner import scoring
 from runner.matrix import Matrix
 from runner.records import Status
@@ -36,9 +34,9 @@ def rescore_against_cell(matrix: Matrix, store: RunStore) -> int:
                                ref.key if ref else None, max_transparent_share=rules.max_transparent_share,
                                min_pixel_std=rules.min_pixel_std, expected_size=matrix.run.size)
         if ref is None:
-            scores = replace(scores, reason=f"baseline cell {card or s.card}/{flags} has no image for this "
-                                            f"fixture, reference count and seed")
+            scores = scores.model_copy(update={"reason": f"baseline cell {card or s.card}/{flags} has no image "
+                                                         f"for this fixture, reference count and seed"})
         if scores != s.scores:
-            store.write_step(replace(s, scores=scores))
+            store.write_step(s.model_copy(update={"scores": scores}))
             changed += 1
     return changed

@@ -71,16 +71,18 @@ def score(image: Image.Image, baseline: Image.Image | None, baseline_name: str |
     checks = sanity(image, max_transparent_share=max_transparent_share, min_pixel_std=min_pixel_std,
                     expected_size=expected_size, baseline_size=baseline.size if baseline is not None else None)
     if baseline is None:
-        return Scores(baseline_name, None, None, None, "no baseline image for this fixture and seed", checks)
+        return Scores(baseline=baseline_name, psnr_db=None, ssim=None, size_match=None,
+                      reason="no baseline image for this fixture and seed", sanity=checks)
     if baseline.size != image.size:
         # Compared only after an explicit resize would hide a wrong-size bug: report the mismatch instead.
-        return Scores(baseline_name, None, None, False,
-                      f"size mismatch: image {image.width}x{image.height}, baseline "
-                      f"{baseline.width}x{baseline.height}", checks)
+        return Scores(baseline=baseline_name, psnr_db=None, ssim=None, size_match=False,
+                      reason=f"size mismatch: image {image.width}x{image.height}, baseline "
+                      f"{baseline.width}x{baseline.height}", sanity=checks)
     a, b = _rgb(image), _rgb(baseline)
     value = psnr(a, b)
     ssim = float(structural_similarity(a, b, channel_axis=2, data_range=255.0))
     identical = value == float("inf")
     # JSON has no infinity: identical images are capped at PSNR_CAP_DB and say so.
-    return Scores(baseline_name, PSNR_CAP_DB if identical else round(value, 3), round(ssim, 5), True,
-                  "identical to the baseline" if identical else None, checks)
+    return Scores(baseline=baseline_name, psnr_db=PSNR_CAP_DB if identical else round(value, 3), ssim=round(ssim, 5),
+                  size_match=True,
+                  reason="identical to the baseline" if identical else None, sanity=checks)

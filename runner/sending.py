@@ -75,7 +75,8 @@ class Sender:
         image_bytes = parsed.image if parsed else None
         problem = sent.problem or (parsed.problem if parsed else None)
         if sent.problem and sent.exit_code is None:  # refused unread: what the server meant is unknown
-            failure: Failure | None = Failure(FailureClass.BAD_RESPONSE, sent.problem, (), sent.status)
+            failure: Failure | None = Failure(kind=FailureClass.BAD_RESPONSE, message=sent.problem, evidence=(),
+                                              http_status=sent.status)
         else:
             failure = classify_request(http_status=sent.status, body=server.quote(sent.content[:4000]),
                                        log_window=sent.log_window, timed_out=sent.timed_out,
@@ -83,7 +84,7 @@ class Sender:
                                        oom_killed=sent.oom_killed) or references_dropped(
                 log_window=sent.log_window, sent=references, http_status=sent.status)
         if failure is None and image_bytes is None:
-            failure = Failure(FailureClass.BAD_RESPONSE, problem or "no image", ())
+            failure = Failure(kind=FailureClass.BAD_RESPONSE, message=problem or "no image", evidence=())
         return Observed(None if failure is None else server.quote_failure(failure),
                         image_bytes if failure is None else None, parsed.server_peak if parsed else None)
 
@@ -105,8 +106,8 @@ class Sender:
                 reported.append(seen.server_peak)
             if seen.failure is not None:
                 named = label(i)
-                failure = seen.failure if named is None else replace(
-                    seen.failure, message=f"{named}: {seen.failure.message}")
+                failure = seen.failure if named is None else seen.failure.model_copy(
+                    update={"message": f"{named}: {seen.failure.message}"})
                 break
             if first is None:
                 first = seen
@@ -129,5 +130,7 @@ def engine_lost(failure: Failure | None, gone: ExitInfo | None) -> Failure | Non
     if failure is None or gone is None or gone.lost is None or failure.kind in (FailureClass.OOM,
                                                                                  FailureClass.STOPPED):
         return failure
-    return Failure(FailureClass.STOPPED, f"server lost during the request: {gone.lost}; not a measurement, a "
-                   f"resume sends it again", failure.evidence, failure.http_status, failure.exit_code)
+    return Failure(kind=FailureClass.STOPPED,
+                   message=f"server lost during the request: {gone.lost}; not a measurement, a "
+                   f"resume sends it again", evidence=failure.evidence, http_status=failure.http_status,
+                   exit_code=failure.exit_code)

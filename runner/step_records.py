@@ -6,7 +6,7 @@ windows amount to.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from runner import dialects
@@ -85,14 +85,15 @@ def skipped(step: Step, role: str, reason: str, implied_by: str | None = None) -
 def _failed(record: StepRecord, failure: Failure, last: HttpResult) -> StepRecord:
     """The record ended by a failing send; `lost` when the server died or is stuck (it is restarted)."""
     lost = failure.kind in RESTART_AFTER or last.exit_code is not None
-    return replace(record, status=Status.FAILED, failure=failure, lost=lost)
+    return record.model_copy(update={"status": Status.FAILED, "failure": failure, "lost": lost})
 
 
 def _send_times(sends: Sends, timed: int) -> tuple[tuple[float, ...], tuple[SendTime, ...]]:
     """The timed wall times (a failed send's time is not a served time) and every send's timing."""
     last = sends.sends[-1]
     samples = tuple(s.wall_s for s in sends.sends[:timed] if s is not last or sends.failure is None)
-    return samples, tuple(SendTime(s.t0, s.wall_s, i < len(samples)) for i, s in enumerate(sends.sends))
+    return samples, tuple(SendTime(started_at=s.t0, wall_s=s.wall_s, timed=i < len(samples))
+                          for i, s in enumerate(sends.sends))
 
 
 def step_record(step: Step, role: str, attempt: int, sends: Sends, timed: int, peaks: tuple[Peak, ...],
@@ -114,12 +115,14 @@ def step_record(step: Step, role: str, attempt: int, sends: Sends, timed: int, p
         if first is None or first.image_bytes is None:
             return record
         # The first send was served: keep its image beside the failure (scored like any other).
-        return Served(replace(record, image=image, image_sha256=hashlib.sha256(first.image_bytes).hexdigest()),
+        return Served(record.model_copy(update={"image": image,
+                                                "image_sha256": hashlib.sha256(first.image_bytes).hexdigest()}),
                       first.image_bytes, None)
     assert first is not None and first.image_bytes is not None
     compared = len(sends.sends) > 1
-    return Served(replace(base, image=image, image_sha256=hashlib.sha256(first.image_bytes).hexdigest(),
-                          deterministic=(sends.different is None) if compared else None),
+    return Served(base.model_copy(update={"image": image,
+                                          "image_sha256": hashlib.sha256(first.image_bytes).hexdigest(),
+                                          "deterministic": (sends.different is None) if compared else None}),
                   first.image_bytes, sends.different)
 
 
@@ -128,11 +131,11 @@ def topped_up(old: StepRecord, sends: Sends, peaks: tuple[Peak, ...], repeat_psn
     peaks and determinism added; a failing send ends the step as that failure (it did not reliably serve)."""
     samples, times = _send_times(sends, len(sends.sends))
     earlier = old.wall_samples_s or ((old.wall_s,) if old.wall_s else ())
-    record = replace(
-        old, wall_samples_s=(*earlier, *samples), sends=(*old.sends, *times), peaks=merge_peaks(old.peaks, peaks),
-        request={**old.request, "sends": int(old.request.get("sends", 1)) + len(times)},
-        deterministic=(old.deterministic is not False) and sends.different is None,
-        repeat_psnr_db=old.repeat_psnr_db if old.repeat_psnr_db is not None else repeat_psnr_db)
+    record = old.model_copy(update={
+        "wall_samples_s": (*earlier, *samples), "sends": (*old.sends, *times), "peaks": merge_peaks(old.peaks, peaks),
+        "request": {**old.request, "sends": int(old.request.get("sends", 1)) + len(times)},
+        "deterministic": (old.deterministic is not False) and sends.different is None,
+        "repeat_psnr_db": old.repeat_psnr_db if old.repeat_psnr_db is not None else repeat_psnr_db})
     return record if sends.failure is None else _failed(record, sends.failure, sends.sends[-1])
 
 
@@ -141,7 +144,8 @@ def with_response_peak(peaks: list[Peak], peak_mb: float | None) -> tuple[Peak, 
     before the polled server meter (which can miss a transient between polls), or last if none is listed."""
     if peak_mb is None:
         return tuple(peaks)
-    reported = Peak(RESPONSE_SOURCE, MemoryMetric.DEVICE, int(peak_mb * 2**20), 1, None, True)
+    reported = Peak(source=RESPONSE_SOURCE, metric=MemoryMetric.DEVICE, bytes=int(peak_mb * 2**20), samples=1,
+                    rate_hz=None, available=True)
     refines = METERS.get(RESPONSE_SOURCE).refines
     at = next((i for i, p in enumerate(peaks) if p.source == refines), len(peaks))
     return (*peaks[:at], reported, *peaks[at:])
@@ -155,7 +159,7 @@ def merge_peaks(old: tuple[Peak, ...], new: tuple[Peak, ...]) -> tuple[Peak, ...
     for p in old:
         q = fresh.pop((p.source, p.metric), None)
         better = q is not None and q.available and (not p.available or (q.bytes or 0) > (p.bytes or 0))
-        out.append(replace(q, samples=q.samples + p.samples) if better and q is not None else p)
+        out.append(q.model_copy(update={"samples": q.samples + p.samples}) if better and q is not None else p)
     return (*out, *fresh.values())
 
 
@@ -166,5 +170,6 @@ def max_by_source(peaks: list[Peak]) -> tuple[Peak, ...]:
         k = (p.source, p.metric)
         old = best.get(k)
         if old is None or (p.available and (not old.available or (p.bytes or 0) > (old.bytes or 0))):
-            best[k] = p if old is None or not old.available else replace(p, samples=p.samples + old.samples)
+            best[k] = p if old is None or not old.available else p.model_copy(
+                update={"samples": p.samples + old.samples})
     return tuple(best.values())

@@ -16,10 +16,13 @@ import sys
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from runner.errors import UserError
-from runner.records import SessionRecord, StepRecord
+from runner.findings.models import Record
+from runner.records import RecordError, SessionRecord, StepRecord, load
+
+R = TypeVar("R", bound=Record)
 
 
 class Series(Protocol):
@@ -126,14 +129,15 @@ class RunStore:
             self._warned.add(line)
             self._warn(line)
 
-    def _load(self, path: Path, parse: Any) -> Any:
+    def _load(self, path: Path, model: type[R]) -> R | None:
+        """The record in `path`, migrated to the current form (runner.records.load), or None after one line
+        naming the file and what is wrong (`field: value: problem`)."""
         try:
-            return parse(read_record(path))
+            return load(model, read_record(path))
         except BadRecord as exc:
             self.skipped(path, str(exc))
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            what = f"missing key {exc}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
-            self.skipped(path, f"not a record of this runner ({what[:200]})")
+        except RecordError as exc:
+            self.skipped(path, f"not a record of this runner: {str(exc)[:300]}")
         return None
 
     def step_path(self, key: str) -> Path:
@@ -148,7 +152,7 @@ class RunStore:
     def write_step(self, record: StepRecord, png: bytes | None = None) -> None:
         if png is not None:
             atomic_write(inside(self.root, f"{record.key}.png"), png)
-        write_json(self.step_path(record.key), record.to_json())
+        write_json(self.step_path(record.key), record.model_dump(mode="json"))
 
     def write_verdicts(self, verdicts: list[dict[str, Any]]) -> None:
         write_json(self.root / "verdict.json", {"run_id": self.load_run()["run_id"], "verdicts": verdicts})
@@ -158,7 +162,7 @@ class RunStore:
         write_json(self.root / "profiles.json", doc)
 
     def write_session(self, record: SessionRecord) -> None:
-        write_json(self.session_dir(record.key) / "session.json", record.to_json())
+        write_json(self.session_dir(record.key) / "session.json", record.model_dump(mode="json"))
 
     def write_memory(self, session_key: str, series: Iterable[Series], attempt: int) -> None:
         """memory.csv: one row per sample (t, attempt, source, metric, bytes) of every server start. The first
@@ -196,7 +200,7 @@ class RunStore:
     def load_steps(self) -> list[StepRecord]:
         records = []
         for path in sorted(self.root.glob("*/*/refs-*/*.json")):
-            record = self._load(path, StepRecord.from_json)
+            record = self._load(path, StepRecord)
             if record is None:
                 continue
             relative = path.relative_to(self.root).with_suffix("").as_posix()
@@ -209,7 +213,7 @@ class RunStore:
     def load_sessions(self) -> list[SessionRecord]:
         out = []
         for path in sorted(self.root.glob("*/*/session.json")):
-            record = self._load(path, SessionRecord.from_json)
+            record = self._load(path, SessionRecord)
             if record is not None and record.key == path.parent.relative_to(self.root).as_posix():
                 out.append(record)
             elif record is not None:
@@ -218,7 +222,7 @@ class RunStore:
 
     def load_session(self, session_key: str) -> SessionRecord | None:
         path = self.session_dir(session_key) / "session.json"
-        return self._load(path, SessionRecord.from_json) if path.exists() else None
+        return self._load(path, SessionRecord) if path.exists() else None
 
     def load_run(self) -> dict[str, Any]:
         """run.json is the run's identity (its matrix, inputs, id): unreadable, it ends the command with one

@@ -11,7 +11,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -87,8 +87,8 @@ class RunningServer(ABC):
 
     def quote_failure(self, failure: Failure) -> Failure:
         """A failure built from this server's text, with that text quoted (messages hold body excerpts)."""
-        return replace(failure, message=self.quote(failure.message, 2000),
-                       evidence=tuple(self.quote(line, 2000) for line in failure.evidence))
+        return failure.model_copy(update={"message": self.quote(failure.message, 2000),
+                                          "evidence": tuple(self.quote(line, 2000) for line in failure.evidence)})
 
     @property
     def base_url(self) -> str:
@@ -186,7 +186,7 @@ class RunningServer(ABC):
                 foreign = self.foreign_answer()
                 if foreign is not None:
                     self.stop()
-                    raise StartFailed(Failure(FailureClass.LOAD_EXIT, foreign))
+                    raise StartFailed(Failure(kind=FailureClass.LOAD_EXIT, message=foreign))
                 # Each probe has a total deadline inside ready_timeout_s: a /health that drips never holds it.
                 left = deadline_s - (time.monotonic() - t0)
                 try:

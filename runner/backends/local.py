@@ -126,7 +126,8 @@ class LocalServer(RunningServer):
         if fixed:
             busy = port_busy(HOST, fixed)
             if busy:
-                raise StartFailed(Failure(FailureClass.LOAD_EXIT, f"{busy}; not starting (the runner would "
+                raise StartFailed(Failure(kind=FailureClass.LOAD_EXIT,
+                                          message=f"{busy}; not starting (the runner would "
                                           f"measure that server instead of its own)"))
         self.port = fixed or free_port(HOST)
         self.argv, server_env = self.command(self.port)

@@ -209,7 +209,8 @@ class SlurmLane:
         try:
             job_id = client.sbatch([*args, *options.sbatch_args], HOLD_SCRIPT)
         except SlurmError as exc:
-            raise StartFailed(Failure(FailureClass.LOAD_EXIT, f"sbatch refused the allocation: {exc}")) from None
+            raise StartFailed(Failure(kind=FailureClass.LOAD_EXIT,
+                                      message=f"sbatch refused the allocation: {exc}")) from None
         LIFELINE.hold(job_id)
         reasons: list[str] = []
         while True:
@@ -227,10 +228,11 @@ class SlurmLane:
                 kind = CLUSTER_CLASS.get(parse.ENDED_BY_CLUSTER.get(job.state, "") if job else "",
                                          FailureClass.CANCELLED if job and job.state == "CANCELLED"
                                          else FailureClass.LOAD_EXIT)
-                raise StartFailed(Failure(kind, f"Slurm job {job_id} ended before it ran: {why}"))
+                raise StartFailed(Failure(kind=kind, message=f"Slurm job {job_id} ended before it ran: {why}"))
             if self.stop.is_set():
                 self._cancel(job_id)
-                raise StartFailed(Failure(FailureClass.LOAD_EXIT, "run interrupted while waiting in the queue"))
+                raise StartFailed(Failure(kind=FailureClass.LOAD_EXIT,
+                                          message="run interrupted while waiting in the queue"))
             if job.reason != "None" and (not reasons or reasons[-1] != job.reason):
                 reasons.append(job.reason)
                 self._say(card, f"queued as Slurm job {job_id}: pending ({job.reason})")
@@ -386,7 +388,7 @@ class SlurmServer(RunningServer):
         except StartFailed as exc:
             self.problem = exc.failure
         except SlurmError as exc:
-            self.problem = Failure(FailureClass.LOAD_EXIT, f"slurm: {exc}")
+            self.problem = Failure(kind=FailureClass.LOAD_EXIT, message=f"slurm: {exc}")
         if self.alloc is not None:
             self.first_in_allocation = self.alloc.sessions == 0
             self.alloc.sessions += 1

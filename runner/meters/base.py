@@ -227,14 +227,15 @@ class PolledMeter(Meter):
             values = self._v[lo:hi]
         outage = self._outage_in(t0, t1)
         if not values:
-            return Peak(self.source, self.metric, None, 0, None, False,
-                        f"no samples in window ({self._last_error or 'source silent'})")
+            return Peak(source=self.source, metric=self.metric, bytes=None, samples=0, rate_hz=None, available=False,
+                        reason=f"no samples in window ({self._last_error or 'source silent'})")
         span = max(t1 - t0, 1e-9)
         reason = None
         if outage > 0:
             reason = f"partial: source unavailable for {outage:.2f} s of {span:.2f} s ({self._last_error})"
-        return Peak(self.source, self.metric, max(values), len(values), round(len(values) / span, 2), True,
-                    reason)
+        return Peak(source=self.source, metric=self.metric, bytes=max(values), samples=len(values),
+                    rate_hz=round(len(values) / span, 2), available=True,
+                    reason=reason)
 
     def provenance(self) -> dict[str, Any]:
         with self._lock:
@@ -266,7 +267,8 @@ class UnavailableMeter(Meter):
         return Series(self.source, self.metric, (), ())
 
     def window_peak(self, t0: float, t1: float) -> Peak:
-        return Peak(self.source, self.metric, None, 0, None, False, self.reason)
+        return Peak(source=self.source, metric=self.metric, bytes=None, samples=0, rate_hz=None, available=False,
+                    reason=self.reason)
 
     def provenance(self) -> dict[str, Any]:
         return {"source": self.source, "metric": self.metric, "available": False, "reason": self.reason,

@@ -123,8 +123,10 @@ class PrometheusMeter(Meter):
         except QueryError as exc:
             self._errors += 1
             self._last_error = str(exc)
-            return Peak(self.source, self.metric, None, 0, None, False, str(exc))
-        return Peak(self.source, self.metric, value, samples, round(samples / max(at - t0, 1e-9), 2), True)
+            return Peak(source=self.source, metric=self.metric, bytes=None, samples=0, rate_hz=None, available=False,
+                        reason=str(exc))
+        return Peak(source=self.source, metric=self.metric, bytes=value, samples=samples,
+                    rate_hz=round(samples / max(at - t0, 1e-9), 2), available=True)
 
     def series(self) -> Series:
         """The raw scraped samples of the session (a range-vector selector returns them with their

@@ -81,7 +81,8 @@ class ServerMetricsMeter(PolledMeter):
         try:
             after = self.read()  # the gauge was set before the response went out
         except Exception as exc:  # a meter never takes the run down
-            return Peak(self.source, self.metric, None, 0, None, False, f"no reading after the request: {exc}")
+            return Peak(source=self.source, metric=self.metric, bytes=None, samples=0, rate_hz=None, available=False,
+                        reason=f"no reading after the request: {exc}")
         with self._lock:
             i = bisect_right(self._t, t0)
             before = self._v[i - 1] if i else None
@@ -89,7 +90,8 @@ class ServerMetricsMeter(PolledMeter):
         if before is not None and before == after:
             what += "; equal to the value before the request: it is set only on success, so it may be the " \
                     "previous request's"
-        return Peak(self.source, self.metric, after, 1, None, True, what)
+        return Peak(source=self.source, metric=self.metric, bytes=after, samples=1, rate_hz=None, available=True,
+                    reason=what)
 
     def stop(self) -> None:
         super().stop()

@@ -137,15 +137,16 @@ class SidecarMeter(Meter):
             rows = [r for r in self._rows if r[1] >= t0 and r[0] <= t1 and r[3] is not None]
             outage = sum(max(0.0, min(b, t1) - max(a, t0)) for a, b, _ in self._outages)
         if not rows:
-            return Peak(self.source, self.metric, None, 0, None, False,
-                        f"no sidecar samples in window ({self._last_error or 'sidecar silent'})")
+            return Peak(source=self.source, metric=self.metric, bytes=None, samples=0, rate_hz=None, available=False,
+                        reason=f"no sidecar samples in window ({self._last_error or 'sidecar silent'})")
         samples = sum(r[5] for r in rows)
         covered = max(r[1] for r in rows) - min(r[0] for r in rows)
         reason = None
         if outage > 0:
             reason = f"partial: sidecar unavailable for {outage:.2f} s of {t1 - t0:.2f} s ({self._last_error})"
-        return Peak(self.source, self.metric, max(r[3] for r in rows if r[3] is not None), samples,
-                    round(samples / max(covered, 1e-9), 2), True, reason)
+        return Peak(source=self.source, metric=self.metric, bytes=max(r[3] for r in rows if r[3] is not None),
+                    samples=samples,
+                    rate_hz=round(samples / max(covered, 1e-9), 2), available=True, reason=reason)
 
     def series(self) -> Series:
         with self._lock:

@@ -20,22 +20,25 @@ from runner.records import (
 
 RULES = VerdictRules(target_references=2, max_latency_ratio=2.5, min_psnr_db=20, offload_roles=("offload",),
                      max_transparent_share=0.5, min_pixel_std=2.0)
-GOOD = Sanity(64, 64, "RGB", 0.0, 40.0, False, False)
+GOOD = Sanity(width=64, height=64, mode="RGB", transparent_share=0.0, pixel_std=40.0, nan_or_black=False, broken=False)
 T0 = 1000.0
 
 
 def ok(flags: str, n: int, at: float, walls: tuple[float, ...], resend: bool = False) -> StepRecord:
     sends, t = [], at
     for i, w in enumerate(walls):
-        sends.append(SendTime(t, w, True))
+        sends.append(SendTime(started_at=t, wall_s=w, timed=True))
         t += w
         if resend and i == 0:
-            sends.append(SendTime(t, w, False))
+            sends.append(SendTime(started_at=t, wall_s=w, timed=False))
             t += w
-    return StepRecord(f"c/{flags}/refs-{n}/f-seed-1", "c", flags, "default" if flags == "default" else "offload",
-                      "f", n, 1, Status.OK, started_at=at, wall_s=walls[0], wall_samples_s=walls, sends=tuple(sends),
-                      image_sha256=f"{flags}{n}", peaks=(Peak("nvml", "device", 2**30, 5, 100.0, True),),
-                      scores=Scores("b", 30.0, 0.9, True, None, GOOD))
+    return StepRecord(key=f"c/{flags}/refs-{n}/f-seed-1", card="c", flags=flags,
+                      role="default" if flags == "default" else "offload",
+                      fixture="f", references=n, seed=1, status=Status.OK, started_at=at, wall_s=walls[0],
+                      wall_samples_s=walls, sends=tuple(sends),
+                      image_sha256=f"{flags}{n}", peaks=(Peak(source="nvml", metric="device", bytes=2**30, samples=5,
+                                                              rate_hz=100.0, available=True),),
+                      scores=Scores(baseline="b", psnr_db=30.0, ssim=0.9, size_match=True, reason=None, sanity=GOOD))
 
 
 def records() -> tuple[list[StepRecord], list[SessionRecord]]:
@@ -43,14 +46,18 @@ def records() -> tuple[list[StepRecord], list[SessionRecord]]:
     # target yet. offload: serves 1 and 2 from t=110; the verdict (offload-works) is known when its step at 2
     # is answered at t=115 with the default at 1 as its reference (ratio 2.5/2 = 1.25, its interval wide).
     default = [ok("default", 1, T0 + 10, (2.0, 2.1)),
-               StepRecord("c/default/refs-2/f-seed-1", "c", "default", "default", "f", 2, 1, Status.FAILED,
-                          started_at=T0 + 20, wall_s=1.0, sends=(SendTime(T0 + 20, 1.0, False),),
-                          failure=Failure(FailureClass.OOM, "CUDA out of memory"))]
+               StepRecord(key="c/default/refs-2/f-seed-1", card="c", flags="default", role="default", fixture="f",
+                          references=2, seed=1, status=Status.FAILED,
+                          started_at=T0 + 20, wall_s=1.0, sends=(SendTime(started_at=T0 + 20, wall_s=1.0,
+                                                                          timed=False),),
+                          failure=Failure(kind=FailureClass.OOM, message="CUDA out of memory"))]
     offload = [ok("host", 1, T0 + 110, (2.5, 2.6)), ok("host", 2, T0 + 113, (2.0, 2.1))]
-    sessions = [SessionRecord("c/default", "c", "default", "default", "local",
-                              (ServerStart(0, T0, 5.0, None, stopped_at=T0 + 30),)),
-                SessionRecord("c/host", "c", "host", "offload", "local",
-                              (ServerStart(0, T0 + 100, 8.0, None, stopped_at=T0 + 130),))]
+    sessions = [SessionRecord(key="c/default", card="c", flags="default", role="default", backend="local",
+                              starts=(ServerStart(attempt=0, started_at=T0, ready_s=5.0, failure=None,
+                                                  stopped_at=T0 + 30),)),
+                SessionRecord(key="c/host", card="c", flags="host", role="offload", backend="local",
+                              starts=(ServerStart(attempt=0, started_at=T0 + 100, ready_s=8.0, failure=None,
+                                                  stopped_at=T0 + 130),))]
     return default + offload, sessions
 
 
@@ -68,16 +75,18 @@ def test_card_cost_counts_busy_time_sends_and_the_moment_the_verdict_was_known()
 
 def test_a_card_whose_world_needs_every_flag_set_is_known_only_at_the_last_of_them() -> None:
     steps, sessions = records()
-    oom = StepRecord("c/host/refs-2/f-seed-1", "c", "host", "offload", "f", 2, 1, Status.FAILED, started_at=T0 + 110,
-                     wall_s=1.0, sends=(SendTime(T0 + 110, 1.5, False),),
-                     failure=Failure(FailureClass.OOM, "CUDA out of memory"))
+    oom = StepRecord(key="c/host/refs-2/f-seed-1", card="c", flags="host", role="offload", fixture="f", references=2,
+                     seed=1, status=Status.FAILED, started_at=T0 + 110,
+                     wall_s=1.0, sends=(SendTime(started_at=T0 + 110, wall_s=1.5, timed=False),),
+                     failure=Failure(kind=FailureClass.OOM, message="CUDA out of memory"))
     steps = [*steps[:2], oom]
     (c,) = card_costs(steps, sessions, RULES, T0, None)
     assert c.world == "not-built" and c.known_at == T0 + 111.5  # not at the default's OOM (t=21)
 
 
 def test_records_without_sends_are_priced_from_their_samples() -> None:
-    old = StepRecord("c/d/refs-1/f-seed-1", "c", "d", "default", "f", 1, 1, Status.OK, started_at=5.0, wall_s=2.0,
+    old = StepRecord(key="c/d/refs-1/f-seed-1", card="c", flags="d", role="default", fixture="f", references=1, seed=1,
+                     status=Status.OK, started_at=5.0, wall_s=2.0,
                      wall_samples_s=(2.0, 3.0), request={"sends": 2})
     assert [(s.started_at, s.wall_s, s.timed) for s in sends_of(old)] == [(5.0, 2.0, True), (7.0, 3.0, True)]
 

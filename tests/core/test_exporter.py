@@ -19,11 +19,12 @@ def test_exporter_serves_step_outcomes_and_live_memory() -> None:
         exporter.memory("c", 5 * 2**30)
         ok = StepRecord(key="c/default/refs-1/f-seed-1", card="c", flags="default", role="default", fixture="f",
                         references=1, seed=1, status=Status.OK, wall_s=2.5,
-                        peaks=(Peak("nvml", "device", 7 * 2**30, 500, 1000.0, True),))
+                        peaks=(Peak(source="nvml", metric="device", bytes=7 * 2**30, samples=500, rate_hz=1000.0,
+                                    available=True),))
         exporter.step_done(ok)
         exporter.step_done(StepRecord(key="c/default/refs-2/f-seed-1", card="c", flags="default", role="default",
                                       fixture="f", references=2, seed=1, status=Status.FAILED,
-                                      failure=Failure(FailureClass.OOM, "oom")))
+                                      failure=Failure(kind=FailureClass.OOM, message="oom")))
         text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
     finally:
         exporter.close()

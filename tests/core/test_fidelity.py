@@ -17,7 +17,7 @@ from runner import dialects
 from runner.failures import references_dropped
 from runner.matrix import load_matrix
 from runner.meters.server import read_gauges
-from runner.records import FailureClass, StepRecord
+from runner.records import FailureClass, StepRecord, load
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,7 +58,7 @@ def test_server_peak_every_location_with_source_and_meaning() -> None:
 def test_old_records_with_server_peak_mb_still_load() -> None:
     old = {"key": "a/b/refs-1/f-seed-1", "card": "a", "flags": "b", "role": "default", "fixture": "f",
            "references": 1, "seed": 1, "status": "ok", "server_peak_mb": 12.5}
-    r = StepRecord.from_json(old)
+    r = load(StepRecord, old)
     assert (r.server_peak_mib, r.server_peak_source, r.server_peak_measures) == (12.5, "peak_memory_mb",
                                                                                  "unspecified")
 

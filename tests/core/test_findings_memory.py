@@ -4,7 +4,6 @@ Qwen-Image peaks and OOMs (tests/core/fixtures/oom) where they fit."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 from runner.findings.build import allocator_pairs, card_findings
@@ -19,7 +18,7 @@ from runner.verdict_text import findings_lines, size
 FIX = Path(__file__).parent / "fixtures" / "oom"
 RUNS = json.loads((FIX / "qwen-peaks.json").read_text())["runs"]
 GIB = 2**30
-GOOD = Sanity(64, 64, "RGB", 0.0, 40.0, False, False)
+GOOD = Sanity(width=64, height=64, mode="RGB", transparent_share=0.0, pixel_std=40.0, nan_or_black=False, broken=False)
 RULES = VerdictRules(target_references=4, max_latency_ratio=2.5, min_psnr_db=20, offload_roles=("offload",),
                      max_transparent_share=0.5, min_pixel_std=2.0)
 
@@ -28,19 +27,23 @@ def served(flags: str, n: int, nbytes: int, *, source: str = "server-response", 
            role: str = "default") -> StepRecord:
     return StepRecord(key=f"c/{flags}/refs-{n}/f-seed-1", card="c", flags=flags, role=role, fixture="f",
                       references=n, seed=1, status=Status.OK, wall_s=wall, wall_samples_s=(wall, wall),
-                      image_sha256=f"{flags}{n}", peaks=(Peak(source, "device", nbytes, 1, None, True),),
-                      scores=Scores("b", 30.0, 0.9, True, None, GOOD), started_at=float(n))
+                      image_sha256=f"{flags}{n}", peaks=(Peak(source=source, metric="device", bytes=nbytes, samples=1,
+                                                              rate_hz=None, available=True),),
+                      scores=Scores(baseline="b", psnr_db=30.0, ssim=0.9, size_match=True, reason=None, sanity=GOOD),
+                      started_at=float(n))
 
 
 def oom_step(flags: str, n: int, message: str, role: str = "default") -> StepRecord:
     report = read_oom(log=message)
     return StepRecord(key=f"c/{flags}/refs-{n}/f-seed-1", card="c", flags=flags, role=role, fixture="f",
                       references=n, seed=1, status=Status.FAILED,
-                      failure=Failure(FailureClass.OOM, "HTTP 500", (message[:400],), 500, None, report))
+                      failure=Failure(kind=FailureClass.OOM, message="HTTP 500", evidence=(message[:400],),
+                                      http_status=500, exit_code=None, oom=report))
 
 
 def session(flags: str, role: str = "default") -> SessionRecord:
-    return SessionRecord(f"c/{flags}", "c", flags, role, "local", (ServerStart(0, 0.0, 1.0, None),))
+    return SessionRecord(key=f"c/{flags}", card="c", flags=flags, role=role, backend="local",
+                         starts=(ServerStart(attempt=0, started_at=0.0, ready_s=1.0, failure=None),))
 
 
 def test_the_line_through_qwen_image_peaks_gives_its_cost_per_reference() -> None:
@@ -128,7 +131,7 @@ def test_profiles_list_who_serves_each_count_fastest_first_and_drop_the_too_slow
     steps = [served("default", 1, GIB, wall=1.0), served("default", 2, 2 * GIB, wall=1.2),
              served("host", 1, GIB // 2, wall=1.5, role="offload"), served("host", 2, GIB, wall=4.0, role="offload"),
              served("slow", 1, GIB, wall=9.0, role="offload")]
-    steps = [replace(s, wall_samples_s=(s.wall_s, s.wall_s)) for s in steps]
+    steps = [s.model_copy(update={"wall_samples_s": (s.wall_s, s.wall_s)}) for s in steps]
     rules = RULES.model_copy(update={"target_references": 2})
     v = decide("c", steps, [session("default"), session("host", "offload"), session("slow", "offload")], rules,
                capacity_bytes=3 * GIB)
@@ -149,8 +152,10 @@ def test_a_load_oom_says_how_short_loading_is_and_where() -> None:
                "has a total capacity of 15.47 GiB of which 33.06 MiB is free. Including non-PyTorch memory, this "
                "process has 15.43 GiB memory in use. Of the allocated memory 15.01 GiB is allocated by PyTorch, and "
                "12.34 MiB is reserved by PyTorch but unallocated.\n")
-    failure = Failure(FailureClass.OOM_AT_LOAD, "out of memory at load", (), None, 1, read_oom(log=message))
-    sess = SessionRecord("c/default", "c", "default", "default", "local", (ServerStart(0, 0.0, None, failure),))
+    failure = Failure(kind=FailureClass.OOM_AT_LOAD, message="out of memory at load", evidence=(), http_status=None,
+                      exit_code=1, oom=read_oom(log=message))
+    sess = SessionRecord(key="c/default", card="c", flags="default", role="default", backend="local",
+                         starts=(ServerStart(attempt=0, started_at=0.0, ready_s=None, failure=failure),))
     skipped = StepRecord(key="c/default/refs-1/f-seed-1", card="c", flags="default", role="default", fixture="f",
                          references=1, seed=1, status=Status.SKIPPED, skip_reason="server did not start")
     v = decide("c", [skipped], [sess], RULES, capacity_bytes=16 * GIB)

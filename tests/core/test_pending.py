@@ -28,15 +28,17 @@ def test_no_records_everything_pending() -> None:
 
 def test_finished_run_nothing_pending_oom_and_implied_skips_count_as_done() -> None:
     steps = [record("a/default/refs-1/f-seed-1", Status.OK),
-             record("a/default/refs-2/f-seed-1", Status.FAILED, failure=Failure(FailureClass.OOM, "oom")),
+             record("a/default/refs-2/f-seed-1", Status.FAILED, failure=Failure(kind=FailureClass.OOM, message="oom")),
              record("a/default/refs-3/f-seed-1", Status.SKIPPED, skip_reason="implied",
                     implied_by="a/default/refs-2/f-seed-1")]
     steps += [record(f"a/offload/refs-{n}/f-seed-1", Status.OK) for n in (1, 2, 3)]
     # card b's server ran out of memory at load: its skipped steps are decided, not missing
     steps += [record(f"b/default/refs-{n}/f-seed-1", Status.SKIPPED, skip_reason="server did not start: oom_at_load")
               for n in (1, 2, 3)]
-    load_oom = SessionRecord("b/default", "b", "default", "default", "local",
-                             (ServerStart(0, 0.0, None, Failure(FailureClass.OOM_AT_LOAD, "oom at load")),))
+    load_oom = SessionRecord(key="b/default", card="b", flags="default", role="default", backend="local",
+                             starts=(ServerStart(attempt=0, started_at=0.0, ready_s=None,
+                                                 failure=Failure(kind=FailureClass.OOM_AT_LOAD,
+                                                                 message="oom at load")),))
     p = pending(plan(), steps, [load_oom])
     assert p.steps == 0 and p.lanes == ()
 
@@ -45,8 +47,9 @@ def test_passing_skips_are_pending_again() -> None:
     steps = [record("a/default/refs-1/f-seed-1", Status.OK),
              record("a/default/refs-2/f-seed-1", Status.SKIPPED, skip_reason="run interrupted"),
              record("b/default/refs-1/f-seed-1", Status.SKIPPED, skip_reason="server did not start: load_exit")]
-    not_oom = SessionRecord("b/default", "b", "default", "default", "local",
-                            (ServerStart(0, 0.0, None, Failure(FailureClass.LOAD_EXIT, "exit 1")),))
+    not_oom = SessionRecord(key="b/default", card="b", flags="default", role="default", backend="local",
+                            starts=(ServerStart(attempt=0, started_at=0.0, ready_s=None,
+                                                failure=Failure(kind=FailureClass.LOAD_EXIT, message="exit 1")),))
     p = pending(plan(), steps, [not_oom])
     by_key = {s.key: [st.references for st in s.steps] for s in p.sessions}
     assert by_key == {"a/default": [2, 3], "a/offload": [1, 2, 3], "b/default": [1, 2, 3]}

@@ -106,7 +106,7 @@ def test_oom_implies_other_seeds_only_of_the_same_fixture() -> None:
 
 def test_recorded_oom_still_implies_after_resume() -> None:
     oom = StepRecord(key="c/default/refs-2/f-seed-1", card="c", flags="default", role="default", fixture="f",
-                     references=2, seed=1, status=Status.FAILED, failure=Failure(FailureClass.OOM, "oom"))
+                     references=2, seed=1, status=Status.FAILED, failure=Failure(kind=FailureClass.OOM, message="oom"))
     actions = drive(policy.initial(RULES, steps()[3:], [oom], attempt=1), serve_all)
     assert sent(actions) == []
     assert [a for a in actions if isinstance(a, Start)] == []  # nothing to send: no server is started

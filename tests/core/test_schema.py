@@ -1,5 +1,6 @@
-"""The published JSON Schema is generated from the record declarations (runner.schemagen) and validates
-what the records write."""
+"""The published JSON Schema is generated from the record declarations (runner.schemas, from the pydantic
+models in runner.records) and validates what the records write; older records migrate to the current form
+and a record of wrong types is one line naming the field and the value."""
 
 from __future__ import annotations
 
@@ -9,54 +10,63 @@ import sys
 from pathlib import Path
 
 import jsonschema
+import pytest
 
-from runner import schemagen, schemas
+from runner import schemas
 from runner.records import (
     SCHEMA_VERSION,
     Failure,
     FailureClass,
     Peak,
+    RecordError,
     Sanity,
     Scores,
     ServerStart,
     SessionRecord,
     Status,
     StepRecord,
+    load,
+    migrate,
 )
 
 PUBLISHED = Path(__file__).resolve().parents[2] / "runner" / "schema" / "result.schema.json"
 
 
 def test_committed_schema_matches_the_declaration() -> None:
-    assert PUBLISHED.read_text() == schemagen.render(), \
-        "runner/schema/result.schema.json drifted: python -m runner.schemagen > runner/schema/result.schema.json"
+    assert PUBLISHED.read_text() == schemas.texts()["result.schema.json"], \
+        "runner/schema/result.schema.json drifted: run `runner schema`"
 
 
 def test_records_validate_and_round_trip() -> None:
     schema = json.loads(PUBLISHED.read_text())
-    peak = Peak("nvml", "device", 2**30, 10, 100.0, True)
+    peak = Peak(source="nvml", metric="device", bytes=2**30, samples=10, rate_hz=100.0, available=True)
     ok = StepRecord(key="c/f/refs-2/fx-seed-1", card="c", flags="f", role="default", fixture="fx", references=2,
                     seed=1, status=Status.OK, wall_s=1.0, wall_samples_s=(1.0, 1.1), image="fx-seed-1.png",
                     image_sha256="ab", peaks=(peak,),
-                    scores=Scores(None, None, None, None, "no baseline", Sanity(8, 8, "RGB", 0.0, 3.0, False, False)))
+                    scores=Scores(baseline=None, psnr_db=None, ssim=None, size_match=None, reason="no baseline",
+                                  sanity=Sanity(width=8, height=8, mode="RGB", transparent_share=0.0, pixel_std=3.0,
+                                                nan_or_black=False, broken=False)))
     implied = StepRecord(key="c/f/refs-3/fx-seed-1", card="c", flags="f", role="default", fixture="fx",
                          references=3, seed=1, status=Status.SKIPPED, skip_reason="implied",
                          implied_by="c/f/refs-2/fx-seed-2")
-    session = SessionRecord("c/f", "c", "f", "offload", "local",
-                            (ServerStart(0, 1.0, None, Failure(FailureClass.OOM_AT_LOAD, "oom", ("CUDA out",))),))
+    session = SessionRecord(key="c/f", card="c", flags="f", role="offload", backend="local",
+                            starts=(ServerStart(attempt=0, started_at=1.0, ready_s=None,
+                                                failure=Failure(kind=FailureClass.OOM_AT_LOAD, message="oom",
+                                                                evidence=("CUDA out",))),))
     for record in (ok, implied, session):
-        doc = json.loads(json.dumps(record.to_json()))
+        doc = json.loads(json.dumps(record.model_dump(mode="json")))
         jsonschema.validate(doc, schema)
         assert doc["schema_version"] == SCHEMA_VERSION
-        assert type(record).from_json(doc) == record
+        assert load(type(record), doc) == record
 
 
 def test_schema_rejects_what_the_declaration_does_not_allow() -> None:
     schema = json.loads(PUBLISHED.read_text())
     bad = StepRecord(key="c/f/refs-1/fx-seed-1", card="c", flags="f", role="default", fixture="fx", references=1,
-                     seed=1, status=Status.FAILED).to_json()  # failed without a failure
+                     seed=1, status=Status.FAILED).model_dump(mode="json")  # failed without a failure
     for doc in (bad, {**bad, "status": "failed", "failure": None}, {**bad, "role": "fast"},
-                {**bad, "unknown": 1}):
+                {**bad, "unknown": 1}, {**bad, "status": "ok", "image": "x.png", "image_sha256": "ab"},
+                {**bad, "references": -1}, {**bad, "key": "no-slash"}):
         try:
             jsonschema.validate(doc, schema)
         except jsonschema.ValidationError:
@@ -64,11 +74,46 @@ def test_schema_rejects_what_the_declaration_does_not_allow() -> None:
         raise AssertionError(f"accepted {doc}")
 
 
-def test_records_written_before_versions_read_as_version_1() -> None:
+def test_peak_unknown_is_null_never_zero_in_the_schema() -> None:
+    schema = json.loads(PUBLISHED.read_text())
+    peak = Peak(source="nvml", metric="device", bytes=None, samples=0, rate_hz=None, available=False, reason="x")
+    step = StepRecord(key="c/f/refs-1/fx-seed-1", card="c", flags="f", role="default", fixture="fx", references=1,
+                      seed=1, status=Status.SKIPPED, skip_reason="x", peaks=(peak,)).model_dump(mode="json")
+    jsonschema.validate(step, schema)
+    step["peaks"][0]["bytes"] = 0
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(step, schema)
+
+
+def test_records_written_before_versions_migrate_to_the_current_form() -> None:
     doc = StepRecord(key="c/f/refs-1/fx-seed-1", card="c", flags="f", role="default", fixture="fx", references=1,
-                     seed=1, status=Status.SKIPPED, skip_reason="x").to_json()
-    del doc["schema_version"], doc["implied_by"]
-    assert StepRecord.from_json(doc).schema_version == 1
+                     seed=1, status=Status.SKIPPED, skip_reason="x").model_dump(mode="json")
+    del doc["schema_version"], doc["implied_by"], doc["sends"], doc["wall_samples_s"]  # a version-1 file
+    record = load(StepRecord, doc)
+    assert record.schema_version == SCHEMA_VERSION and record.implied_by is None and record.sends == ()
+    assert "schema_version" not in doc  # migrate makes a new dict
+    v2 = {**doc, "schema_version": 2, "server_peak_mb": 7.0}
+    assert migrate(StepRecord, v2)["server_peak_mib"] == 7.0 and "server_peak_mb" not in migrate(StepRecord, v2)
+    with pytest.raises(RecordError, match="schema_version: 99: written by a newer runner"):
+        load(StepRecord, {**doc, "schema_version": 99})
+
+
+@pytest.mark.parametrize(("change", "line"), [
+    ({"references": "two"}, "references: 'two': input should be a valid integer"),
+    ({"references": "2"}, "references: '2': input should be a valid integer"),  # refused, never coerced
+    ({"seed": True}, "seed: True: input should be a valid integer"),
+    ({"status": "done"}, "status: 'done': input should be 'ok', 'failed' or 'skipped'"),
+    ({"peaks": [{"source": "nvml"}]}, "peaks.0.metric: missing (and 4 more)"),
+    ({"wall_samples_s": ["\x1b[31m1"]}, "wall_samples_s.0: '\\x1b[31m1': input should be a valid number"),
+    ({"extra": 1}, "extra: 1: extra inputs are not permitted"),
+])
+def test_a_record_of_wrong_types_is_one_line_naming_field_and_value(change: dict[str, object], line: str) -> None:
+    doc = {**StepRecord(key="c/f/refs-1/fx-seed-1", card="c", flags="f", role="default", fixture="fx",
+                        references=1, seed=1, status=Status.SKIPPED, skip_reason="x").model_dump(mode="json"),
+           **change}
+    with pytest.raises(RecordError) as caught:
+        load(StepRecord, doc)
+    assert str(caught.value) == line and "\n" not in str(caught.value)
 
 
 def test_run_json_as_runinfo_writes_it_is_the_declared_record(matrix_dir: Path) -> None:
@@ -79,8 +124,8 @@ def test_run_json_as_runinfo_writes_it_is_the_declared_record(matrix_dir: Path) 
 
     matrix = load_matrix(matrix_dir / "matrix.toml")
     doc = runinfo.run_doc(matrix, make_plan(matrix), "t-1", 1.0)
-    record = RunRecord.from_json(doc)  # a key runinfo writes but the record does not declare is a TypeError
-    out = json.loads(json.dumps({**record.to_json(), "finished_at": 2.0, "resumes": [{"at_iso": "x"}]}))
+    record = load(RunRecord, doc)  # a key runinfo writes but the record does not declare is a RecordError
+    out = json.loads(json.dumps({**record.model_dump(mode="json"), "finished_at": 2.0, "resumes": [{"at_iso": "x"}]}))
     jsonschema.validate(out, json.loads(PUBLISHED.read_text()))
 
 
@@ -88,22 +133,22 @@ FINDINGS = PUBLISHED.parent / "findings.schema.json"
 
 
 def test_committed_findings_schema_matches_the_declaration() -> None:
-    assert FINDINGS.read_text() == schemagen.render_findings(), \
-        "runner/schema/findings.schema.json drifted: python -m runner.schemagen findings > " \
-        "runner/schema/findings.schema.json"
+    assert FINDINGS.read_text() == schemas.texts()["findings.schema.json"], \
+        "runner/schema/findings.schema.json drifted: run `runner schema`"
 
 
 def test_an_oom_failure_with_its_anatomy_validates_and_round_trips() -> None:
     from runner.findings.oom import read_oom
 
     log = (Path(__file__).parent / "fixtures" / "oom" / "qwen-default.txt").read_text()
-    failure = Failure(FailureClass.OOM, "HTTP 500", ("CUDA out",), 500, None, read_oom(log=log))
+    failure = Failure(kind=FailureClass.OOM, message="HTTP 500", evidence=("CUDA out",), http_status=500,
+                      exit_code=None, oom=read_oom(log=log))
     record = StepRecord(key="c/f/refs-4/fx-seed-1", card="c", flags="f", role="default", fixture="fx",
                         references=4, seed=1, status=Status.FAILED, failure=failure)
-    doc = json.loads(json.dumps(record.to_json()))
+    doc = json.loads(json.dumps(record.model_dump(mode="json")))
     jsonschema.validate(doc, json.loads(PUBLISHED.read_text()))
     assert doc["failure"]["oom"]["tried_bytes"] == 480 * 2**20
-    assert StepRecord.from_json(doc) == record
+    assert load(StepRecord, doc) == record
 
 
 def test_runner_schema_writes_every_published_schema(tmp_path: Path) -> None:

@@ -123,15 +123,18 @@ def test_a_top_up_compares_with_the_recorded_image_and_adds_to_the_record(serve:
     recorded = hashlib.sha256(png(10)).hexdigest()
     old = StepRecord(key="c/f/refs-1/fx-seed-7", card="c", flags="f", role=Role("default"), fixture="fx",
                      references=1, seed=7, status=Status.OK, started_at=1.0, wall_s=2.0, wall_samples_s=(2.0,),
-                     sends=(SendTime(1.0, 2.0, True),), image="fx-seed-7.png", image_sha256=recorded,
+                     sends=(SendTime(started_at=1.0, wall_s=2.0, timed=True),), image="fx-seed-7.png",
+                     image_sha256=recorded,
                      deterministic=True, request={"sends": 1},
-                     peaks=(Peak("nvml", "device", 100, 5, 10.0, True),))
+                     peaks=(Peak(source="nvml", metric="device", bytes=100, samples=5, rate_hz=10.0, available=True),))
     same = serve([10, 10]).repeats(call(), 1, 2, label=lambda i: f"send {i + 2}", against_sha256=recorded)
     assert same.different is None
-    new = topped_up(old, same, (Peak("nvml", "device", 300, 4, 10.0, True),), None)
+    new = topped_up(old, same, (Peak(source="nvml", metric="device", bytes=300, samples=4, rate_hz=10.0,
+                                     available=True),), None)
     assert len(new.wall_samples_s) == 3 and new.wall_samples_s[0] == 2.0 and len(new.sends) == 3
     assert new.deterministic is True and new.request["sends"] == 3 and new.status == Status.OK
-    assert new.peaks == (Peak("nvml", "device", 300, 9, 10.0, True),)  # the higher figure, samples summed
+    assert new.peaks == (Peak(source="nvml", metric="device", bytes=300, samples=9, rate_hz=10.0,
+                              available=True),)  # the higher figure, samples summed
 
     changed = serve([30]).repeats(call(), 1, 1, label=lambda i: f"send {i + 2}", against_sha256=recorded)
     assert changed.different is not None  # the only send already differs from the recorded image

@@ -5,8 +5,6 @@ end-to-end run with the real server is tests/e2e/test_auto_repeats.py."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from runner import policy, sequential
@@ -18,7 +16,7 @@ from runner.verdict import World, decide, open_latencies
 MAX_REPEATS = 8
 RULES = VerdictRules(target_references=2, max_latency_ratio=2.0, min_psnr_db=20, offload_roles=("offload",),
                      max_transparent_share=0.5, min_pixel_std=2.0, latency_looks=sequential.looks(MAX_REPEATS))
-GOOD = Sanity(64, 64, "RGB", 0.0, 40.0, False, False)
+GOOD = Sanity(width=64, height=64, mode="RGB", transparent_share=0.0, pixel_std=40.0, nan_or_black=False, broken=False)
 SEEDS = (1, 2)  # two seeds per cell: two timed samples a side at one send per step
 
 
@@ -49,7 +47,8 @@ class Lane:
                        "host": FaultPlan.parse([f"jitter={offload_jitter}"])}
         self.requests = {"default": 0, "host": 0}  # request numbers keep counting across restarts here
         self.records: dict[str, StepRecord] = {}
-        self.sessions = [SessionRecord(f"c/{f}", "c", f, r, "local", (ServerStart(0, 0.0, 1.0, None),))
+        self.sessions = [SessionRecord(key=f"c/{f}", card="c", flags=f, role=r, backend="local",
+                                       starts=(ServerStart(attempt=0, started_at=0.0, ready_s=1.0, failure=None),))
                          for f, r in (("default", "default"), ("host", "offload"))]
         self.sends = 0
         self.starts = 0
@@ -66,14 +65,17 @@ class Lane:
                 key = f"c/{flags}/refs-{n}/f-seed-{seed}"
                 if flags == "default" and n == 2:  # the default runs out of memory at 2 references
                     self.sends += 1
-                    self.records[key] = StepRecord(key, "c", flags, role, "f", n, seed, Status.FAILED,
-                                                   failure=Failure(FailureClass.OOM, "CUDA out of memory"))
+                    self.records[key] = StepRecord(key=key, card="c", flags=flags, role=role, fixture="f",
+                                                   references=n, seed=seed, status=Status.FAILED,
+                                                   failure=Failure(kind=FailureClass.OOM, message="CUDA out of memory"))
                     continue
                 wall = self._wall(flags)
                 self.records[key] = StepRecord(
-                    key, "c", flags, role, "f", n, seed, Status.OK, wall_s=wall, wall_samples_s=(wall,),
-                    image_sha256="x", peaks=(Peak("nvml", "device", 2**30, 10, 100.0, True),),
-                    scores=Scores("b", 30.0, 0.9, True, None, GOOD))
+                    key=key, card="c", flags=flags, role=role, fixture="f", references=n, seed=seed, status=Status.OK,
+                    wall_s=wall, wall_samples_s=(wall,),
+                    image_sha256="x", peaks=(Peak(source="nvml", metric="device", bytes=2**30, samples=10,
+                                                  rate_hz=100.0, available=True),),
+                    scores=Scores(baseline="b", psnr_db=30.0, ssim=0.9, size_match=True, reason=None, sanity=GOOD))
         if look:
             self._looks(flags)
 
@@ -86,8 +88,8 @@ class Lane:
         while topups := self._topups(flags):
             for t in topups:
                 r = self.records[t.key]
-                self.records[t.key] = replace(r, wall_samples_s=(*r.wall_samples_s,
-                                                                 *(self._wall(flags) for _ in range(t.sends))))
+                more = tuple(self._wall(flags) for _ in range(t.sends))
+                self.records[t.key] = r.model_copy(update={"wall_samples_s": (*r.wall_samples_s, *more)})
 
     def run(self) -> str:
         self._first_pass("default", "default")
@@ -159,7 +161,7 @@ def test_topups_raise_the_side_that_is_not_ahead_one_level_at_a_time() -> None:
     assert {t.sends for t in lane._topups("default")} == {1}  # level with the other side: may go first too
     for t in up:
         r = lane.records[t.key]
-        lane.records[t.key] = replace(r, wall_samples_s=(*r.wall_samples_s, 2.5))
+        lane.records[t.key] = r.model_copy(update={"wall_samples_s": (*r.wall_samples_s, 2.5)})
     if lane._topups("host") or lane._topups("default"):  # still open: the side ahead waits for the other
         assert lane._topups("host") == ()
         assert {t.sends for t in lane._topups("default")} == {1}

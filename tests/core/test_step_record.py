@@ -8,7 +8,7 @@ from runner.records import Failure, FailureClass, Peak, Status
 from runner.step_records import HttpResult, Observed, Sends, Served, step_record
 
 STEP = Step("c", "f", "fx", 2, 7)
-PEAKS = (Peak("nvml", "device", 5 << 20, 10, 100.0, True),)
+PEAKS = (Peak(source="nvml", metric="device", bytes=5 << 20, samples=10, rate_hz=100.0, available=True),)
 
 
 def sent(t0: float, wall: float, exit_code: int | None = None) -> HttpResult:
@@ -28,7 +28,7 @@ def test_two_answered_sends_make_a_served_step_with_both_walls() -> None:
 
 def test_a_repeat_that_crashes_is_that_crash_and_keeps_the_first_image() -> None:
     first = Observed(None, b"png", None)
-    crash = Failure(FailureClass.CRASH, "send 2 of 2 of the same request: server died")
+    crash = Failure(kind=FailureClass.CRASH, message="send 2 of 2 of the same request: server died")
     sends = Sends((sent(10.0, 1.0), sent(11.0, 0.5, exit_code=-9)), first, crash, None, ())
     out = step_record(STEP, "offload", 0, sends, 2, PEAKS, {})
     assert isinstance(out, Served) and out.record.status == Status.FAILED and out.record.lost

@@ -28,7 +28,7 @@ from runner.execute import RunContext, run_plan
 from runner.matrix import Card, load_matrix
 from runner.meters.base import Meter, PolledMeter
 from runner.plan import ServerPlan, describe, make_plan
-from runner.records import RunRecord, Status
+from runner.records import RunRecord, Status, load
 from runner.registry import BACKENDS, METERS, BackendEntry, BackendOptions, MeterEntry, Options
 from runner.store import RunStore
 from runner.units import MIB
@@ -173,7 +173,7 @@ def test_a_toy_meter_and_backend_run_a_session_through_their_entries(toys: None,
     assert "toy at the lab" in describe(plan, matrix) and "toy server at toy at the lab" in describe(plan, matrix)
 
     store = RunStore(matrix_dir / "results" / "toy-run")
-    store.write_run(RunRecord.from_json(runinfo.run_doc(matrix, plan, "toy-run", time.time())).to_json())
+    store.write_run(load(RunRecord, runinfo.run_doc(matrix, plan, "toy-run", time.time())).model_dump(mode="json"))
     run_plan(RunContext(matrix, plan, store, "toy-run"))
 
     steps = {s.key: s for s in store.load_steps()}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 
 from runner.matrix import VerdictRules
 from runner.records import Failure, FailureClass, Peak, Sanity, Scores, ServerStart, SessionRecord, Status, StepRecord
@@ -11,29 +10,32 @@ from runner.verdict import World, decide, identical_pairs, ratio_interval
 
 RULES = VerdictRules(target_references=2, max_latency_ratio=2.5, min_psnr_db=20, offload_roles=("offload",),
                      max_transparent_share=0.5, min_pixel_std=2.0)
-GOOD = Sanity(64, 64, "RGB", 0.0, 40.0, False, False)
-BROKEN = Sanity(64, 64, "RGBA", 0.97, 0.5, False, True, ("97% of pixels fully transparent",))
+GOOD = Sanity(width=64, height=64, mode="RGB", transparent_share=0.0, pixel_std=40.0, nan_or_black=False, broken=False)
+BROKEN = Sanity(width=64, height=64, mode="RGBA", transparent_share=0.97, pixel_std=0.5, nan_or_black=False,
+                broken=True, reasons=("97% of pixels fully transparent",))
 
 
 def step(flags: str, role: str, n: int, status: Status = Status.OK, *, wall: float = 1.0, gib: float = 1.0,
          psnr: float | None = 30.0, sanity: Sanity = GOOD, kind: FailureClass | None = None, sha: str = "x",
          seed: int = 1, samples: tuple[float, ...] = (), evidence: tuple[str, ...] = (),
          lost: bool = False) -> StepRecord:
-    failure = Failure(kind, "boom", evidence) if kind else None
-    scores = Scores("b", psnr, 0.9, True, None, sanity) if status == Status.OK else None
+    failure = Failure(kind=kind, message="boom", evidence=evidence) if kind else None
+    scores = Scores(baseline="b", psnr_db=psnr, ssim=0.9, size_match=True, reason=None,
+                    sanity=sanity) if status == Status.OK else None
     return StepRecord(key=f"c/{flags}/refs-{n}/f-seed-{seed}", card="c", flags=flags, role=role, fixture="f",
                       references=n, seed=seed, status=status, wall_s=wall, failure=failure,
                       skip_reason="implied" if status == Status.SKIPPED else None, wall_samples_s=samples,
                       lost=lost,
                       image_sha256=f"{sha}{flags}{n}{seed}" if status == Status.OK else None,
-                      peaks=(Peak("nvml", "device", int(gib * 2**30), 100, 100.0, True),), scores=scores)
+                      peaks=(Peak(source="nvml", metric="device", bytes=int(gib * 2**30), samples=100, rate_hz=100.0,
+                                  available=True),), scores=scores)
 
 
 def session(flags: str, role: str, start_failure: FailureClass | None = None,
             evidence: tuple[str, ...] = ()) -> SessionRecord:
-    failure = Failure(start_failure, "died at load", evidence) if start_failure else None
-    start = ServerStart(0, 0.0, None if failure else 1.0, failure)
-    return SessionRecord(f"c/{flags}", "c", flags, role, "local", (start,))
+    failure = Failure(kind=start_failure, message="died at load", evidence=evidence) if start_failure else None
+    start = ServerStart(attempt=0, started_at=0.0, ready_s=None if failure else 1.0, failure=failure)
+    return SessionRecord(key=f"c/{flags}", card="c", flags=flags, role=role, backend="local", starts=(start,))
 
 
 def test_fits_resident_when_default_serves_target() -> None:
@@ -95,11 +97,12 @@ def test_quantization_serving_is_noted_but_not_offload() -> None:
 
 def test_identical_images_found_and_inert_only_when_memory_also_equal() -> None:
     a, b = step("a", "default", 1), step("b", "offload", 1)
-    b = replace(b, image_sha256=a.image_sha256)
+    b = b.model_copy(update={"image_sha256": a.image_sha256})
     (pair,) = identical_pairs([a, b])
     assert (pair.a, pair.b, pair.steps, pair.same_memory) == ("a", "b", 1, True)
     assert "inert flag" in pair.note()
-    c = replace(b, peaks=(Peak("nvml", "device", 3 * 2**30, 10, 100.0, True),))
+    c = b.model_copy(update={"peaks": (Peak(source="nvml", metric="device", bytes=3 * 2**30, samples=10, rate_hz=100.0,
+                               available=True),)})
     (pair,) = identical_pairs([a, c])
     assert not pair.same_memory and "only memory" in pair.note()
     assert identical_pairs([step("a", "default", 1), step("b", "offload", 1)]) == []
@@ -132,8 +135,9 @@ def test_capacity_and_quality_everywhere_is_not_built_one_crash_makes_it_undecid
     assert "offload 'host': crash: boom [c/host/refs-2/f-seed-1]" in v.reason
     assert "ERROR refserver: fault exit@2: exiting" in v.reason
     line = "ERROR refserver: fault exit@2: exiting"
-    stamped = replace(crash, failure=replace(crash.failure, message=f"exited: {line}",
-                                             evidence=(f"2026-11-30 02:52:29,185 {line}",)))
+    failure = crash.failure.model_copy(update={"message": f"exited: {line}",
+                                               "evidence": (f"2026-11-30 02:52:29,185 {line}",)})
+    stamped = crash.model_copy(update={"failure": failure})
     assert decide("c", [*base, stamped], sessions, RULES).reason.count("fault exit@2") == 1  # not repeated
     assert "default 'default' stopped by capacity" in v.reason and "offload 'fp8' stopped by quality" in v.reason
     oom_instead = step("host", "offload", 2, Status.FAILED, kind=FailureClass.OOM)
@@ -169,14 +173,14 @@ def test_evidence_cites_the_oom_not_the_skip_it_implied() -> None:
     assert says == ["torch.OutOfMemoryError: CUDA out of memory"]
     # the skip names its deciding step (implied_by): that one is cited, even with another OOM beside it
     seed2 = step("default", "default", 3, Status.FAILED, kind=FailureClass.OOM, seed=2)
-    named = [*steps[:2], seed2, replace(steps[2], implied_by=seed2.key)]
+    named = [*steps[:2], seed2, steps[2].model_copy(update={"implied_by": seed2.key})]
     v = decide("c", named, [session("default", "default")], rules)
     assert v.to_json()["evidence"]["flag_sets"]["default"]["record"] == "c/default/refs-3/f-seed-2"
 
 
 def test_baseline_cell_is_labelled_not_scored_against_itself() -> None:
     s = step("default", "default", 2)
-    s = replace(s, scores=replace(s.scores, baseline=s.key, psnr_db=100.0))
+    s = s.model_copy(update={"scores": s.scores.model_copy(update={"baseline": s.key, "psnr_db": 100.0})})
     v = decide("c", [s], [session("default", "default")], RULES)
     (cell,) = v.cells
     assert cell.baseline and cell.psnr_db is None

@@ -66,7 +66,8 @@ def runner_exporter_names() -> set[str]:
         exporter.memory("c", 1)
         exporter.step_done(StepRecord(key="c/f/refs-1/x-seed-1", card="c", flags="f", role="default", fixture="x",
                                       references=1, seed=1, status=Status.OK, wall_s=1.0,
-                                      peaks=(Peak("nvml", "device", 1, 1, 1.0, True),)))
+                                      peaks=(Peak(source="nvml", metric="device", bytes=1, samples=1, rate_hz=1.0,
+                                                  available=True),)))
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
     finally:
         exporter.close()

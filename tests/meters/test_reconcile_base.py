@@ -13,11 +13,12 @@ MIB = 1 << 20
 
 def test_reconcile_picks_fastest_whole_device_source() -> None:
     peaks = [
-        Peak("server", "device", 30_000 * MIB, 40, 20.0, True),
-        Peak("prometheus", "device", 40_000 * MIB, 12, 1.0, True),
-        Peak("nvml", "device", 41_000 * MIB, 12_000, 1000.0, True),
-        Peak("dcgm", "device", None, 0, None, False, "GET http://127.0.0.1:9400/metrics: ConnectError"),
-        Peak("host", "host", 8_000 * MIB, 100, 10.0, True),
+        Peak(source="server", metric="device", bytes=30_000 * MIB, samples=40, rate_hz=20.0, available=True),
+        Peak(source="prometheus", metric="device", bytes=40_000 * MIB, samples=12, rate_hz=1.0, available=True),
+        Peak(source="nvml", metric="device", bytes=41_000 * MIB, samples=12_000, rate_hz=1000.0, available=True),
+        Peak(source="dcgm", metric="device", bytes=None, samples=0, rate_hz=None, available=False,
+             reason="GET http://127.0.0.1:9400/metrics: ConnectError"),
+        Peak(source="host", metric="host", bytes=8_000 * MIB, samples=100, rate_hz=10.0, available=True),
     ]
     rows = reconcile(peaks)
     assert [r.source for r in rows] == ["nvml", "server", "prometheus", "dcgm"]
@@ -31,7 +32,8 @@ def test_reconcile_picks_fastest_whole_device_source() -> None:
     table = render(rows)
     assert "| nvml | 41000 |" in table and "best" in table and "unavailable: GET" in table
     assert reconcile(peaks, prefer="prometheus")[0].source == "prometheus"
-    assert reconcile([Peak("nvml", "device", None, 0, None, False, "x")])[0].best is False
+    assert reconcile([Peak(source="nvml", metric="device", bytes=None, samples=0, rate_hz=None, available=False,
+                           reason="x")])[0].best is False
 
 
 def test_compact_keeps_step_edges() -> None:

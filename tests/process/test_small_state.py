@@ -53,9 +53,11 @@ def _run(root: Path) -> RunStore:
         store.write_step(StepRecord(key=f"c/{flags}/refs-1/f-seed-1", card="c", flags=flags, role="default",
                                     fixture="f", references=1, seed=1, status=Status.OK, started_at=101.0,
                                     wall_s=1.0, image="f-seed-1.png", image_sha256=flags,
-                                    peaks=(Peak("host", "host", 5 * 2**20, 10, 10.0, True),)))
-        store.write_session(SessionRecord(f"c/{flags}", "c", flags, "default", "local",
-                                          (ServerStart(0, 100.0, 1.0, None, stopped_at=103.0),)))
+                                    peaks=(Peak(source="host", metric="host", bytes=5 * 2**20, samples=10,
+                                                rate_hz=10.0, available=True),)))
+        store.write_session(SessionRecord(key=f"c/{flags}", card="c", flags=flags, role="default", backend="local",
+                                          starts=(ServerStart(attempt=0, started_at=100.0, ready_s=1.0, failure=None,
+                                                              stopped_at=103.0),)))
         store.write_memory(f"c/{flags}", [S([100.0, 101.0, 102.0], [1 * 2**20, 5 * 2**20, 2 * 2**20])], 0)
     store.write_run({"run_id": "r", "matrix": {"path": "/x/m.toml", "sha256": "0" * 64, "text": ""},
                      "runner": {"version": "0"}, "cards": {"c": {"vram_gib": 1}},

@@ -14,21 +14,24 @@ from runner.verdict import World, decide
 
 RULES = VerdictRules(target_references=2, max_latency_ratio=2.5, min_psnr_db=20, offload_roles=("offload",),
                      max_transparent_share=0.5, min_pixel_std=2.0)
-GOOD = Sanity(64, 64, "RGB", 0.0, 40.0, False, False)
+GOOD = Sanity(width=64, height=64, mode="RGB", transparent_share=0.0, pixel_std=40.0, nan_or_black=False, broken=False)
 
 
 def step(flags: str, role: str, n: int, kind: FailureClass | None = None, *, wall: float = 1.0) -> StepRecord:
     status = Status.FAILED if kind else Status.OK
     return StepRecord(key=f"c/{flags}/refs-{n}/f-seed-1", card="c", flags=flags, role=role, fixture="f",
                       references=n, seed=1, status=status, wall_s=wall, wall_samples_s=(wall, wall * 1.01),
-                      failure=Failure(kind, "no response within the request deadline") if kind else None,
+                      failure=Failure(kind=kind, message="no response within the request deadline") if kind else None,
                       image_sha256=None if kind else f"{flags}{n}",
-                      peaks=(Peak("nvml", "device", 2**30, 100, 100.0, True),),
-                      scores=None if kind else Scores("b", 30.0, 0.9, True, None, GOOD))
+                      peaks=(Peak(source="nvml", metric="device", bytes=2**30, samples=100, rate_hz=100.0,
+                                  available=True),),
+                      scores=None if kind else Scores(baseline="b", psnr_db=30.0, ssim=0.9, size_match=True,
+                                                      reason=None, sanity=GOOD))
 
 
 def session(flags: str, role: str) -> SessionRecord:
-    return SessionRecord(f"c/{flags}", "c", flags, role, "local", (ServerStart(0, 0.0, 1.0, None),))
+    return SessionRecord(key=f"c/{flags}", card="c", flags=flags, role=role, backend="local",
+                         starts=(ServerStart(attempt=0, started_at=0.0, ready_s=1.0, failure=None),))
 
 
 @pytest.mark.parametrize("name", ["timeout", "crash", "stopped"])

@@ -63,14 +63,15 @@ def test_bars_do_not_say_done_for_steps_left_after_ctrl_c() -> None:
     view.lane_started("cpu", ("c",), 4)
     view.step_done(step("c", "default", 1))
     for n in (2, 3, 4):
-        left = replace(step("c", "default", n, Status.SKIPPED), skip_reason="run interrupted")
+        left = step("c", "default", n, Status.SKIPPED).model_copy(update={"skip_reason": "run interrupted"})
         view.step_done(left)
     view.lane_done("cpu")
     task = view.progress.tasks[0]
     assert task.completed == 1 and task.fields["session"] == "stopped: 3 left to do"
     # a step decided without sending (implied by an OOM) counts as done
     view.lane_started("cpu2", ("d",), 1)
-    view.step_done(replace(step("d", "default", 2, Status.SKIPPED), implied_by="d/default/refs-1/f-seed-1"))
+    implied = step("d", "default", 2, Status.SKIPPED).model_copy(update={"implied_by": "d/default/refs-1/f-seed-1"})
+    view.step_done(implied)
     view.lane_done("cpu2")
     assert view.progress.tasks[1].fields["session"] == "done"
 
@@ -120,12 +121,14 @@ def test_a_start_failure_line_carries_the_servers_own_error() -> None:
     from runner.execute import start_failure_line
     from runner.records import Failure, FailureClass
 
-    oom = Failure(FailureClass.OOM_AT_LOAD, "out of memory at load",
-                  ("2026-12-01 09:43:02,123 ERROR refserver: model load failed: CUDA out of memory. Tried to "
+    oom = Failure(kind=FailureClass.OOM_AT_LOAD, message="out of memory at load",
+                  evidence=("2026-12-01 09:43:02,123 ERROR refserver: model load failed: CUDA out of memory. Tried to "
                    "allocate 1.06 MiB. GPU 0 has a total capacity of 5.00 MiB",))
     assert start_failure_line(oom) == ("oom_at_load: out of memory at load — model load failed: CUDA out of memory. "
                                        "Tried to allocate 1.06 MiB. GPU 0 has a total capacity of 5.00 MiB")
-    gone = Failure(FailureClass.LOAD_EXIT, "server exited with code 1 before it was ready: ModuleNotFoundError: "
-                   "No module named 'x'", ("Traceback (most recent call last):", "ModuleNotFoundError: No module "
+    gone = Failure(kind=FailureClass.LOAD_EXIT,
+                   message="server exited with code 1 before it was ready: ModuleNotFoundError: "
+                   "No module named 'x'", evidence=("Traceback (most recent call last):",
+                                                    "ModuleNotFoundError: No module "
                                             "named 'x'"))
     assert start_failure_line(gone).count("ModuleNotFoundError") == 1  # already in the message: not twice

@@ -17,22 +17,25 @@ from runner.verdict import summarise
 MIB = 2**20
 RULES = VerdictRules(target_references=2, max_latency_ratio=3.0, min_psnr_db=20, offload_roles=("offload",),
                      max_transparent_share=0.5, min_pixel_std=2.0)
-GOOD = Sanity(64, 64, "RGB", 0.0, 40.0, False, False)
-BROKEN = Sanity(64, 64, "RGBA", 0.97, 0.5, False, True, ("97% of pixels fully transparent",))
+GOOD = Sanity(width=64, height=64, mode="RGB", transparent_share=0.0, pixel_std=40.0, nan_or_black=False, broken=False)
+BROKEN = Sanity(width=64, height=64, mode="RGBA", transparent_share=0.97, pixel_std=0.5, nan_or_black=False,
+                broken=True, reasons=("97% of pixels fully transparent",))
 ORDER = ["default", "offload", "int8", "fp8"]
 
 
 def step(card: str, flags: str, n: int, status: Status = Status.OK, *, t: float = 0.0, mib: float = 5.0,
          sanity: Sanity = GOOD, walls: tuple[float, ...] = (), seed: int = 1) -> StepRecord:
     ok = status == Status.OK
-    return StepRecord(key=f"{card}/{flags}/refs-{n}/f-seed-{seed}", card=card, flags=flags, role="x", fixture="f",
+    return StepRecord(key=f"{card}/{flags}/refs-{n}/f-seed-{seed}", card=card, flags=flags, role="other", fixture="f",
                       references=n, seed=seed, status=status, started_at=100.0 + t,
                       wall_s=None if status == Status.SKIPPED else 0.5, wall_samples_s=walls,
-                      failure=Failure(FailureClass.OOM, "HTTP 500") if status == Status.FAILED else None,
+                      failure=Failure(kind=FailureClass.OOM, message="HTTP 500") if status == Status.FAILED else None,
                       skip_reason="server did not start" if status == Status.SKIPPED else None,
                       peaks=() if status == Status.SKIPPED else
-                      (Peak("server-response", "device", int(mib * MIB), 1, None, True),),
-                      scores=Scores("b", 30.0, 0.9, True, None, sanity) if ok else None)
+                      (Peak(source="server-response", metric="device", bytes=int(mib * MIB), samples=1, rate_hz=None,
+                            available=True),),
+                      scores=Scores(baseline="b", psnr_db=30.0, ssim=0.9, size_match=True, reason=None,
+                                    sanity=sanity) if ok else None)
 
 
 def card_steps(card: str) -> list[StepRecord]:
@@ -45,12 +48,15 @@ def card_steps(card: str) -> list[StepRecord]:
 
 
 def never_started(card: str) -> SessionRecord:
-    failure = Failure(FailureClass.OOM_AT_LOAD, "out of memory at load",
-                      ("2026-01-01 00:00:00,000 ERROR refserver: model load failed: CUDA out of memory. Tried to "
-                       "allocate 1.06 MiB. GPU 0 has a total capacity of 5.00 MiB of which 891.17 KiB is free.",))
-    load = (Peak("server", "device", None, 0, None, False, "no samples in window (ConnectError)"),)
-    return SessionRecord(f"{card}/default", card, "default", "default", "local",
-                         (ServerStart(0, 100.0, None, failure, stopped_at=108.0, load_peaks=load),))
+    failure = Failure(kind=FailureClass.OOM_AT_LOAD, message="out of memory at load",
+                      evidence=("2026-01-01 00:00:00,000 ERROR refserver: model load failed: CUDA out of memory. "
+                                "Tried to allocate 1.06 MiB. GPU 0 has a total capacity of 5.00 MiB of which 891.17 "
+                                "KiB is free.",))
+    load = (Peak(source="server", metric="device", bytes=None, samples=0, rate_hz=None, available=False,
+                 reason="no samples in window (ConnectError)"),)
+    return SessionRecord(key=f"{card}/default", card=card, flags="default", role="default", backend="local",
+                         starts=(ServerStart(attempt=0, started_at=100.0, ready_s=None, failure=failure,
+                                             stopped_at=108.0, load_peaks=load),))
 
 
 def legend_texts(fig) -> list[str]:
@@ -89,8 +95,9 @@ def test_every_flag_set_is_in_the_capacity_legend_with_one_style_across_cards() 
 def test_broken_steps_are_not_shaded_as_served() -> None:
     steps = [step("c", "fp8", 1, t=1), step("c", "fp8", 1, t=2, sanity=BROKEN, seed=2),
              step("c", "fp8", 2, Status.FAILED, t=3)]
-    session = SessionRecord("c/fp8", "c", "fp8", "quantization", "local",
-                            (ServerStart(0, 99.0, 1.0, None, stopped_at=105.0),))
+    session = SessionRecord(key="c/fp8", card="c", flags="fp8", role="quantization", backend="local",
+                            starts=(ServerStart(attempt=0, started_at=99.0, ready_s=1.0, failure=None,
+                                                stopped_at=105.0),))
     rows = [(100.0 + i / 10, 0, "server", "device", int((4 + (i % 7) / 10) * MIB)) for i in range(40)]
     fig = plots.session_figure(session, steps, rows, 6 * MIB)
     assert fig is not None
@@ -151,10 +158,12 @@ def _four_steps_and_a_late_first_reading() -> tuple[SessionRecord, list[StepReco
     """A server that loads for 10 s (the `server` gauge answers only at readiness: 3.13 MiB), then serves
     refs 1, 1, 2, 2 with a client turnaround between requests."""
     steps = [step("c", "int8", n, t=10 + 3 * i, seed=1 + i % 2, walls=(1.0, 1.2)) for i, n in enumerate((1, 1, 2, 2))]
-    load = (Peak("server", "device", int(3.13 * MIB), 1, None, True),
-            Peak("server-response", "device", None, 0, None, False, "no request during load"))
-    session = SessionRecord("c/int8", "c", "int8", "quantization", "local",
-                            (ServerStart(0, 100.0, 10.0, None, stopped_at=125.0, load_peaks=load),))
+    load = (Peak(source="server", metric="device", bytes=int(3.13 * MIB), samples=1, rate_hz=None, available=True),
+            Peak(source="server-response", metric="device", bytes=None, samples=0, rate_hz=None, available=False,
+                 reason="no request during load"))
+    session = SessionRecord(key="c/int8", card="c", flags="int8", role="quantization", backend="local",
+                            starts=(ServerStart(attempt=0, started_at=100.0, ready_s=10.0, failure=None,
+                                                stopped_at=125.0, load_peaks=load),))
     rows = [(110.0 + i / 10, 0, "server", "device", int((3.13 + (i % 9) / 10) * MIB)) for i in range(130)]
     rows += [(100.0 + i / 5, 0, "host", "host", 300 * MIB) for i in range(120)]
     return session, steps, rows

@@ -5,7 +5,6 @@ peak never a bare dash, OOM evidence not cut mid-number, the glossary, the refer
 from __future__ import annotations
 
 import hashlib
-from dataclasses import replace
 from pathlib import Path
 
 from runner.progress import verdict_line
@@ -15,6 +14,7 @@ from runner.store import RunStore
 from runner.units import clip
 from runner.verdict import Evidence, Verdict, World, decide_all
 from runner.verdict_text import summary
+from runner.vocab import Role
 
 from .test_plots import BROKEN, RULES, card_steps, never_started, step
 
@@ -31,19 +31,23 @@ def build_run(root: Path) -> tuple[RunStore, str]:
     steps = card_steps("c")
     # offload, int8 and a fourth "resident" flag set give byte-identical images: one group, one line
     steps += [step("c", "resident", n, mib=5 + n) for n in (1, 2)]
-    steps = [replace(s, image_sha256=hashlib.sha256(str(s.references).encode()).hexdigest())
+    steps = [s.model_copy(update={"image_sha256": hashlib.sha256(str(s.references).encode()).hexdigest()})
              if s.status == Status.OK and s.flags != "fp8" else s for s in steps]
-    steps = [replace(s, deterministic=False) if s.flags == "int8" and s.references == 1 else s for s in steps]
-    steps.append(replace(step("c", "offload", 3, Status.FAILED),
-                         failure=Failure(FailureClass.OOM, "HTTP 500; out-of-memory text in the log", (OOM_LINE,))))
+    steps = [s.model_copy(update={"deterministic": False}) if s.flags == "int8" and s.references == 1 else s
+             for s in steps]
+    oom = Failure(kind=FailureClass.OOM, message="HTTP 500; out-of-memory text in the log", evidence=(OOM_LINE,))
+    steps.append(step("c", "offload", 3, Status.FAILED).model_copy(update={"failure": oom}))
     for s in steps:
         store.write_step(s)
     store.write_session(never_started("c"))
     for flags in ("offload", "int8", "fp8", "resident"):
-        start = ServerStart(0, 99.0, 1.0, None, stopped_at=110.0,
-                            load_peaks=(Peak("server", "device", 3 * 2**20, 1, None, True),))
-        store.write_session(SessionRecord(f"c/{flags}", "c", flags, "quantization" if flags in ("int8", "fp8")
-                                          else "other" if flags == "resident" else "offload", "local", (start,)))
+        start = ServerStart(attempt=0, started_at=99.0, ready_s=1.0, failure=None, stopped_at=110.0,
+                            load_peaks=(Peak(source="server", metric="device", bytes=3 * 2**20, samples=1,
+                                             rate_hz=None, available=True),))
+        store.write_session(SessionRecord(key=f"c/{flags}", card="c", flags=flags,
+                                          role="quantization" if flags in ("int8", "fp8")
+                                          else "other" if flags == "resident" else "offload", backend="local",
+                                          starts=(start,)))
     store.write_run({"run_id": "r1", "matrix": {"path": "/x/local.toml", "sha256": "0" * 64, "text": MATRIX},
                      "runner": {"version": "0.1.0"}, "cards": {"c": {"vram_gib": 6 / 1024}},
                      "plan": {"sessions": ["c/default", "c/offload", "c/int8", "c/fp8", "c/resident"]}})
@@ -53,7 +57,7 @@ def build_run(root: Path) -> tuple[RunStore, str]:
     roles = {"default": "default", "offload": "offload", "resident": "other", "int8": "quantization",
              "fp8": "quantization"}
     for s in steps:  # the hand-built steps carry role "x"; give them their flag set's role
-        store.write_step(replace(s, role=roles[s.flags]))
+        store.write_step(s.model_copy(update={"role": Role(roles[s.flags])}))
     verdicts = decide_all(store.load_steps(), sessions, rules, ["c"])
     return store, write_report(store, verdicts).read_text()
 

@@ -155,7 +155,7 @@ def test_item2_a_resolved_secret_is_masked_in_a_start_failure_and_a_500(tmp_path
     with httpx.Client() as client:
         record = r.execute(r.sender(client, live), [], r.session.steps[0], 0, False)
     assert isinstance(record, StepRecord) and record.failure is not None
-    text = json.dumps(record.to_json())
+    text = json.dumps(record.model_dump(mode="json"))
     assert record.failure.kind == FailureClass.HTTP_ERROR and "invalid token ***" in record.failure.message
     assert SECRET not in text and "401 Client Error for token ***" in text, text
     assert call.path  # the request went where the dialect says
