@@ -276,10 +276,10 @@ def _v2_step(d: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
-# What changed in each version for each record, applied in order (a version's additions that have defaults
-# need no step: a file without them reads with the default).
+# Per record, the step that upgrades a file of version v to v + 1, applied in order from the file's version
+# (additions that have a default need no step: a file without them reads with the default).
 _UPGRADES: dict[type[Record], dict[int, Callable[[dict[str, Any]], dict[str, Any]]]] = {
-    StepRecord: {2: _v2_step, 1: _v2_step},
+    StepRecord: {2: _v2_step},  # version 1 held server_peak_mb too: it passes through 2 -> 3
 }
 
 
