@@ -1,8 +1,12 @@
-"""Shared fixtures: a small valid matrix on disk that tests mutate to probe validation."""
+"""Shared fixtures: a small valid matrix on disk that tests mutate to probe validation, and one run of
+examples/local.toml shared by the e2e tests that read it."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -56,3 +60,22 @@ def matrix_dir(tmp_path: Path) -> Path:
     write_png(tmp_path / "refs" / "b.png", 2)
     (tmp_path / "matrix.toml").write_text(textwrap.dedent(MINIMAL))
     return tmp_path
+
+
+@dataclass(frozen=True)
+class ExampleRun:
+    proc: subprocess.CompletedProcess[str]
+    run_dir: Path
+
+
+@pytest.fixture(scope="session")
+def local_example(tmp_path_factory: pytest.TempPathFactory) -> ExampleRun:
+    """One run of examples/local.toml (the README's first command), shared by the tests that only read its
+    run folder (tests/e2e/test_examples.py, tests/e2e/test_schemas_e2e.py): each run is minutes here."""
+    results = tmp_path_factory.mktemp("local-example")
+    example = Path(__file__).resolve().parents[1] / "examples" / "local.toml"
+    proc = subprocess.run([sys.executable, "-m", "runner", str(example), "--results", str(results), "--no-progress"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run_dir,) = results.glob("local-*")
+    return ExampleRun(proc, run_dir)

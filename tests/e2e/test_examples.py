@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from runner.quote import markdown
-from tests.e2e.conftest import ExampleRun
+from tests.conftest import ExampleRun
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_local_example_shows_all_three_worlds(local_example: ExampleRun) -> None:
-    run_dir = local_example.run_dir  # run once for the e2e tests that read it (tests/e2e/conftest.py)
+    run_dir = local_example.run_dir  # run once for the e2e tests that read it (tests/conftest.py)
     worlds = {v["card"]: v["world"] for v in json.loads((run_dir / "verdict.json").read_text())["verdicts"]}
     assert worlds == {"cpu-roomy": "fits-resident", "cpu-tight": "offload-works", "cpu-tiny": "not-built"}
     assert (run_dir / "report.md").read_text().count("## cpu-") == 3

@@ -14,7 +14,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from tests.e2e.conftest import ExampleRun
+from tests.conftest import ExampleRun
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = ROOT / "runner" / "schema"
