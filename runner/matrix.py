@@ -260,8 +260,8 @@ class RunSettings(Table):
     negative_prompt: str | None = Field(None, description="sent as is (default: not sent)")
     request_timeout_s: Timeout = Field(600, description="total deadline of one request's answer, seconds")
     ready_timeout_s: Timeout = Field(900, description="total deadline for the server to answer health_path")
-    results_dir: Annotated[RelPath, AfterValidator(Path.resolve)] = Field(Path("results"), validate_default=True,
-                                 description="where `<run-id>/` is written (--results overrides)")
+    results_dir: Annotated[RelPath, AfterValidator(Path.resolve)] = Field(
+        Path("results"), validate_default=True, description="where `<run-id>/` is written (--results overrides)")
     stop_after_oom: bool = Field(True, description="an OOM at n references implies the larger counts of that "
                                                    "session (recorded as skipped, not sent)")
     restarts: int = Field(1, ge=0, le=100, description="server restarts allowed per session after a crash")
@@ -499,8 +499,7 @@ class VerdictRules(Table):
                                                             "latency, judged with its interval")
     min_psnr_db: float = Field(20.0, ge=0, le=100, description="below it an image does not count as served "
                                                               "(100 dB: the cap for identical images)")
-    offload_roles: Seq[RoleName] = Field(
-        ("offload",), description="roles that can make offload-works")
+    offload_roles: Seq[RoleName] = Field(("offload",), description="roles that can make offload-works")
     max_transparent_share: float = Field(0.5, ge=0, le=1, description="more fully transparent pixels than this "
                                                                       "= broken output")
     min_pixel_std: float = Field(2.0, ge=0, le=255, description="RGB std below this = flat/grey = broken output")
@@ -527,7 +526,7 @@ class MatrixFile(Table):
 
     @classmethod
     def prepare(cls, data: dict[str, Any]) -> dict[str, Any]:
-        """A named table's name is its key; [run] name defaults to the file's stem."""
+        """A named table's name is its key (the file may not set `name` inside it)."""
         data = dict(data)
         for section in NAMED:
             tables = data.get(section)
