@@ -27,7 +27,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from runner.records import FailureClass, Peak, SessionRecord, Status, StepRecord
+from runner.records import Failure, FailureClass, Peak, SessionRecord, Status, StepRecord
 from runner.registry import METERS
 from runner.store import atomic_write
 from runner.units import clip, fmt_bytes, fmt_s, unit_for
@@ -68,9 +68,11 @@ def step_outcome(step: StepRecord) -> str | None:
     return "broken" if step.scores and step.scores.sanity.broken else "served"
 
 
-def start_failure_label(kind: FailureClass | str) -> str:
+def start_failure_label(failure: Failure) -> str:
+    if failure.kind == FailureClass.OOM_AT_LOAD and failure.oom is not None and failure.oom.memory == "host":
+        return "host-memory OOM at load"  # the kernel's OOM killer: host RAM, not the card's memory
     return {"oom_at_load": "OOM at load", "load_exit": "exited while loading",
-            "ready_timeout": "never ready (timeout)"}.get(str(kind), f"never ready ({kind})")
+            "ready_timeout": "never ready (timeout)"}.get(str(failure.kind), f"never ready ({failure.kind})")
 
 
 def save(fig: Figure, out: Path) -> Path:
@@ -107,11 +109,12 @@ def capacity_figure(card: str, cells: Sequence[Cell], order: Sequence[str], capa
             xs = [n + style.offset for n in (refs or [0])]
             ax.plot(xs, [capacity_bytes / div] * len(xs), mfc=style.color, **NEVER_READY, zorder=4)
             starred = True
-        # An OOM means the demand exceeded the capacity, whatever a sampled meter caught before the failure:
-        # such a point is drawn at the capacity line, not at a reading that would look like a drop.
-        pts = [(c.references + style.offset,
-                max(c.peak_bytes or 0, capacity_bytes if c.blocker == "oom" else 0) / div, c.served)
-               for c in mine if c.peak_bytes is not None or c.blocker == "oom"]
+        # A device OOM means the demand exceeded the capacity, whatever a sampled meter caught before the
+        # failure: such a point is drawn at the capacity line, not at a reading that would look like a drop. A
+        # host-memory OOM says nothing of the card's memory: drawn at what was measured, if anything.
+        at_capacity = [c.blocker == "oom" and c.oom_memory != "host" for c in mine]
+        pts = [(c.references + style.offset, max(c.peak_bytes or 0, capacity_bytes if cap else 0) / div, c.served)
+               for c, cap in zip(mine, at_capacity, strict=True) if c.peak_bytes is not None or cap]
         if not pts and flags not in never_ready:
             label += " (no peak measured)"
         ax.plot([p[0] for p in pts], [p[1] for p in pts], color=style.color, marker=style.marker, ls=style.dash,
@@ -128,7 +131,7 @@ def capacity_figure(card: str, cells: Sequence[Cell], order: Sequence[str], capa
     labels.append(f"capacity {fmt_bytes(capacity_bytes)}")
     if crossed:
         handles.append(Line2D([], [], **NOT_SERVED))
-        labels.append("not served (failed, broken or low PSNR): hollow + x; an OOM is drawn at capacity")
+        labels.append("not served (failed, broken or low PSNR): hollow + x; a device OOM is drawn at capacity")
     if starred:
         handles.append(Line2D([], [], mfc="white", **NEVER_READY))
         labels.append("server never ready: no request sent (drawn at capacity)")
@@ -296,7 +299,7 @@ def session_figure(session: SessionRecord, steps: Sequence[StepRecord],
             for ax in (dev, host):
                 ax.axvline(ready, color="tab:red", lw=1.5).set_gid(f"never-ready|{st.attempt}")
             evidence = clip(strip_log_prefix(st.failure.evidence[0]), 150) if st.failure.evidence else ""
-            notes.append(f"server never ready: {start_failure_label(st.failure.kind)}, stopped at {fmt_s(ready)} s"
+            notes.append(f"server never ready: {start_failure_label(st.failure)}, stopped at {fmt_s(ready)} s"
                          + (f" — {evidence}" if evidence else ""))
     if notes:  # under the time axis, never on the data it explains
         host.annotate("\n".join(_wrap(n, 150) for n in notes), (0, 0), xycoords="axes fraction",
@@ -319,7 +322,7 @@ def session_figure(session: SessionRecord, steps: Sequence[StepRecord],
     if hh:
         host.legend(hh, hl, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     host.set_xlabel("seconds since the server started")
-    state = f" — {start_failure_label(failure.kind)}" if failure else ""
+    state = f" — {start_failure_label(failure)}" if failure else ""
     dev.set_title(f"{session.key}: memory{state}", pad=16)
     return fig
 

@@ -108,7 +108,7 @@ def _ready(session: SessionRecord) -> str:
 def _start_failure(fail: Failure) -> str:
     """The failure class in words and the server's own line that decided it (not the class restated)."""
     line = clip(plots.strip_log_prefix(fail.evidence[0]), 160) if fail.evidence else fail.message
-    return f"{plots.start_failure_label(fail.kind)} — {quote.markdown(line)}"
+    return f"{plots.start_failure_label(fail)} — {quote.markdown(line)}"
 
 
 def _session_rows(card_sessions: list[SessionRecord], steps: list[StepRecord], cells: Sequence[Cell]) -> list[str]:
@@ -281,7 +281,7 @@ def _card_section(store: RunStore, v: Verdict, cards: dict[str, Any], sessions: 
         if len([p for p in s.session_peaks if p.metric == "device"]) > 1:
             lines += [f"Device-memory peaks of session {s.flags} by source:", "",
                       render(reconcile(s.session_peaks)), ""]
-    never_ready = {s.flags: plots.start_failure_label(s.start_failure.kind) for s in card_sessions
+    never_ready = {s.flags: plots.start_failure_label(s.start_failure) for s in card_sessions
                    if s.start_failure}
     figs = [("capacity", plots.capacity_figure(v.card, v.cells, order, capacity, styles, never_ready)
              if v.cells else None),

@@ -82,6 +82,7 @@ class Cell:
     wall_samples: int = 0  # how many timed sends
     baseline: bool = False  # the baseline cell: its images are the reference, not scored against themselves
     walls_s: tuple[float, ...] = ()  # the timed sends themselves, for latency intervals
+    oom_memory: str | None = None  # the blocker is an OOM: which memory ran out, "device" or "host"
 
 
 @dataclass(frozen=True)
@@ -194,6 +195,8 @@ def summarise(steps: list[StepRecord], rules: VerdictRules) -> list[Cell]:
             skipped=sum(s.status == Status.SKIPPED for s in group), served=not problems,
             why_not=f"{problems[0][0].key}: {problems[0][2]}" if problems else None,
             blocker=problems[0][1] if problems else None,
+            oom_memory=_memory(problems[0][0].failure) if problems and problems[0][0].failure is not None
+            and problems[0][1] == "oom" else None,
             peak_bytes=top[0], peak_source=top[1], host_peak_bytes=max(host, default=None),
             wall_s=round(statistics.median(walls), 3) if walls else None,
             psnr_db=round(statistics.fmean(psnrs), 2) if psnrs else None,

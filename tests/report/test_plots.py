@@ -10,6 +10,7 @@ from matplotlib.collections import LineCollection
 from matplotlib.patches import Rectangle
 
 from runner import plots
+from runner.findings.models import OomReport
 from runner.matrix import VerdictRules
 from runner.records import Failure, FailureClass, Peak, Sanity, Scores, ServerStart, SessionRecord, Status, StepRecord
 from runner.verdict import summarise
@@ -152,6 +153,24 @@ def test_an_oom_is_drawn_at_the_capacity_line_not_at_the_lower_sampled_reading()
     line = next(ln for ln in fig.axes[0].get_lines() if ln.get_label() == "default")
     assert list(line.get_ydata()) == [4.0, 6.0]
     plots.plt.close(fig)
+
+
+def test_a_host_memory_oom_is_drawn_at_its_reading_not_at_the_cards_capacity() -> None:
+    # the kernel's OOM killer ended the container: host RAM ran out, which says nothing of the card's memory
+    killed = step("c", "default", 2, Status.FAILED, mib=4.5)
+    killed = killed.model_copy(update={"failure": Failure(
+        kind=FailureClass.OOM, message="the kernel's OOM killer ended the server",
+        oom=OomReport(message="OOMKilled", source="engine", memory="host"))})
+    cells = summarise([step("c", "default", 1, mib=4.0), killed], RULES)
+    assert [c.oom_memory for c in cells] == [None, "host"]
+    fig = plots.capacity_figure("c", cells, ["default"], 6 * MIB, plots.flag_styles(["default"]), {})
+    line = next(ln for ln in fig.axes[0].get_lines() if ln.get_label() == "default")
+    assert list(line.get_ydata()) == [4.0, 4.5]
+    plots.plt.close(fig)
+    at_load = Failure(kind=FailureClass.OOM_AT_LOAD, message="killed at load",
+                      oom=OomReport(message="OOMKilled", source="engine", memory="host"))
+    assert plots.start_failure_label(at_load) == "host-memory OOM at load"
+    assert plots.start_failure_label(at_load.model_copy(update={"oom": None})) == "OOM at load"
 
 
 def _four_steps_and_a_late_first_reading() -> tuple[SessionRecord, list[StepRecord], list]:
