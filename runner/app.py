@@ -192,7 +192,7 @@ def as_recorded(matrix: Matrix, steps: Sequence[Any]) -> Matrix:
 
 def exit_status(worlds: Sequence[str], steps_left: int) -> int:
     """0 every card reached a world; 1 some card is undecided or steps are left that a resume would send."""
-    from runner.verdict import World
+    from runner.decision import World
 
     return EXIT_INCOMPLETE if steps_left or World.UNDECIDED in worlds else EXIT_OK
 

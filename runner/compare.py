@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runner.decision import Blocked, Cell, World
 from runner.errors import UserError
 from runner.units import fmt_bytes, fmt_s
-from runner.verdict import Blocked, Cell, World, ratio_interval
+from runner.verdict import ratio_interval
 from runner.verdict_text import stops_text
 
 Key = tuple[str, str, int]  # card, flag set, reference count

@@ -118,7 +118,8 @@ def _as_of(r: StepRecord, t: float, seen: float | None) -> StepRecord:
 
 def _known_at(card: str, steps: list[StepRecord], sessions: list[SessionRecord], rules: VerdictRules,
               baseline_wall_s: float | None, world: str) -> float | None:
-    from runner.verdict import World, decide
+    from runner.decision import World
+    from runner.verdict import decide
 
     if world == World.UNDECIDED:
         return None

@@ -27,11 +27,11 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from runner.decision import Cell
 from runner.records import Failure, FailureClass, Peak, SessionRecord, Status, StepRecord
 from runner.registry import METERS
 from runner.store import atomic_write
 from runner.units import clip, fmt_bytes, fmt_s, unit_for
-from runner.verdict import Cell
 
 COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
 MARKERS = ("o", "s", "^", "D", "v", "P", "h", "<", ">", "p")

@@ -11,11 +11,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Column
 
 from runner import quote
+from runner.decision import Verdict
 from runner.events import Events
 from runner.pending import step_done as decided
 from runner.records import Status, StepRecord
 from runner.units import clip, fmt_bytes, fmt_s
-from runner.verdict import Verdict
 from runner.verdict_text import console_line
 
 SESSION_WIDTH = 42  # fixed column widths: the bars do not shift between frames as texts change length

@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from runner import plots, quote
+from runner.decision import Cell, StopEvidence, Verdict
 from runner.failures import without_stamp
 from runner.reconcile import reconcile, render
 from runner.records import Failure, SessionRecord, Status, StepRecord
 from runner.registry import METERS
 from runner.store import RunStore, atomic_write, inside, load_memory
 from runner.units import GIB, clip, fmt_bytes, fmt_s
-from runner.verdict import Cell, IdenticalPair, StopEvidence, Verdict, identical_pairs
+from runner.verdict import IdenticalPair, identical_pairs
 from runner.verdict_text import findings_lines, summary
 
 TERMS = [

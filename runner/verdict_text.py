@@ -14,9 +14,9 @@ from runner.failures import without_stamp
 from runner.units import clip, fmt_bytes, fmt_s
 
 if TYPE_CHECKING:
+    from runner.decision import Blocked, Cell, Decision, Verdict
     from runner.findings.models import Functional, MemoryModel, OomFacts
     from runner.matrix import VerdictRules
-    from runner.verdict import Blocked, Cell, Decision, Verdict
 
 SUMMARY_LIMIT = 300
 

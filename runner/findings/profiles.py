@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import statistics
 
+from runner.decision import Cell, Verdict
 from runner.findings.models import CardProfile, CountProfile, ProfileEntry, Profiles
 from runner.matrix import VerdictRules
-from runner.verdict import Cell, Verdict, ratio_interval
+from runner.verdict import ratio_interval
 
 
 def _walls(c: Cell) -> tuple[float, ...]:

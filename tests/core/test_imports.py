@@ -48,6 +48,9 @@ FORBIDDEN = {
                               "runner.backends", "runner.verdict", "httpx"),
     "runner.findings.profiles": ("runner.execute", "runner.app", "runner.cli", "runner.store", "runner.meters",
                                  "runner.backends", "runner.report", "httpx"),
+    # the verdict's declarations: read by the rules and the words, never reading either back
+    "runner.decision": ("runner.verdict", "runner.execute", "runner.app", "runner.cli", "runner.store",
+                        "runner.meters", "runner.backends", "runner.report", "runner.progress", "httpx"),
     "runner.verdict_text": ("runner.execute", "runner.app", "runner.cli", "runner.store", "runner.meters",
                             "runner.backends", "runner.report", "runner.progress", "httpx"),
     # a step's record from its sends is pure; sending is the one place that talks to the server

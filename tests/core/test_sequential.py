@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 
 from runner import policy, sequential
+from runner.decision import World
 from runner.matrix import VerdictRules
 from runner.records import Failure, FailureClass, Peak, Sanity, Scores, ServerStart, SessionRecord, Status, StepRecord
 from runner.refserver.faults import FaultPlan
-from runner.verdict import World, decide, open_latencies
+from runner.verdict import decide, open_latencies
 
 MAX_REPEATS = 8
 RULES = VerdictRules(target_references=2, max_latency_ratio=2.0, min_psnr_db=20, offload_roles=("offload",),

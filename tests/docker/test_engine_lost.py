@@ -23,6 +23,7 @@ import docker
 import pytest
 from dockerkit import ROOT, new_run_id
 
+from runner.decision import World
 from runner.events import Events
 from runner.execute import RunContext, run_plan
 from runner.matrix import load_matrix
@@ -30,7 +31,7 @@ from runner.pending import pending
 from runner.plan import make_plan
 from runner.records import FailureClass, Status
 from runner.store import RunStore
-from runner.verdict import World, decide_all
+from runner.verdict import decide_all
 
 REF = str(ROOT / "examples" / "refs" / "ref-1.png")
 

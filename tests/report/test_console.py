@@ -14,9 +14,9 @@ import pytest
 from rich.console import Console
 
 from runner.cli import invoked_as
+from runner.decision import Evidence, Latency, Verdict, World
 from runner.progress import ProgressView, column_widths, verdict_line
 from runner.records import Status
-from runner.verdict import Evidence, Latency, Verdict, World
 
 from .test_plots import step
 

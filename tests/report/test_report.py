@@ -7,12 +7,13 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from runner.decision import Evidence, Verdict, World
 from runner.progress import verdict_line
 from runner.records import Failure, FailureClass, Peak, ServerStart, SessionRecord, Status
 from runner.report import write_report
 from runner.store import RunStore
 from runner.units import clip
-from runner.verdict import Evidence, Verdict, World, decide_all
+from runner.verdict import decide_all
 from runner.verdict_text import summary
 from runner.vocab import Role
 
