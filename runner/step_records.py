@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runner import dialects
+from runner.failures import CLUSTER_CLASS
 from runner.plan import Step
 from runner.records import Failure, FailureClass, Peak, SendTime, Status, StepRecord
 from runner.registry import METERS
@@ -83,8 +84,9 @@ def skipped(step: Step, role: str, reason: str, implied_by: str | None = None) -
 
 
 def _failed(record: StepRecord, failure: Failure, last: HttpResult) -> StepRecord:
-    """The record ended by a failing send; `lost` when the server died or is stuck (it is restarted)."""
-    lost = failure.kind in RESTART_AFTER or last.exit_code is not None
+    """The record ended by a failing send; `lost` when the server died, is stuck, or the scheduler ended it
+    (its exit may not be seen yet when the request fails)."""
+    lost = failure.kind in RESTART_AFTER or failure.kind in CLUSTER_CLASS.values() or last.exit_code is not None
     return record.model_copy(update={"status": Status.FAILED, "failure": failure, "lost": lost})
 
 

@@ -165,8 +165,10 @@ def test_a_job_of_another_alive_run_is_never_cancelled_and_a_dead_ones_is(tag: s
 
 
 def _first_served_then(tag: str, tmp_path: Path, act) -> tuple[list[dict], str]:  # type: ignore[no-untyped-def]
-    """Run a 4-step lane (no restarts); once a step is served, `act(job)`; the failures recorded, the log."""
-    matrix = write_matrix(tmp_path, tag, seeds="[1, 2]", references="[1, 2]")
+    """Run a 4-step lane (no restarts); once a step is served, `act(job)`; the failures recorded, the log.
+    The third request hangs (the first step is sent twice: the determinism re-send), so what `act` makes
+    Slurm do lands during a request, not after a lane of 0.2 s requests has already ended."""
+    matrix = write_matrix(tmp_path, tag, seeds="[1, 2]", references="[1, 2]", flag_args='["--fault", "hang@3"]')
     results, log = tmp_path / "results", tmp_path / "runner.log"
     proc = start_runner(matrix, results, log)
     try:
