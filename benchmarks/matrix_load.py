@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from runner.matrix import load_matrix  # noqa: E402
+from runner.plan.matrix import load_matrix  # noqa: E402
 
 
 def main() -> None:

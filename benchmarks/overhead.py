@@ -28,11 +28,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from runner import backends  # noqa: E402
-from runner.execute import Baselines, References, RunContext, SessionRunner, attempt_of  # noqa: E402
-from runner.matrix import load_matrix  # noqa: E402
 from runner.meters import build_meters  # noqa: E402
-from runner.plan import make_plan  # noqa: E402
-from runner.store import RunStore  # noqa: E402
+from runner.plan.lanes import make_plan  # noqa: E402
+from runner.plan.matrix import load_matrix  # noqa: E402
+from runner.run.execute import Baselines, References, RunContext, SessionRunner, attempt_of  # noqa: E402
+from runner.run.store import RunStore  # noqa: E402
 
 
 def main() -> int:
@@ -111,7 +111,7 @@ def main() -> int:
                         t0 = time.perf_counter()
                         walls = 0.0
                         for _ in range(n):
-                            work = runner.execute(client, server, meters, step, 0, False)
+                            work = runner.run.execute(client, server, meters, step, 0, False)
                             walls += (work if hasattr(work, "wall_s") else work.record).wall_s
                             runner._submit(work)
                         t_drain = time.perf_counter()

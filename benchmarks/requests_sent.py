@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/requests_sent.py [--flag-sets 6] [--references 1 2 3 4] [--seeds 4] [--oom-at 3]
 
-Drives the real session policy (runner.policy.next_action) with a card that runs out of memory at every
+Drives the real session policy (runner.run.policy.next_action) with a card that runs out of memory at every
 request with >= --oom-at references (on real hardware each such OOM costs tens of seconds). "before" is the
 policy with `oom_implies_seeds = false` (what the runner did until this change), "after" the default. Counts
 are HTTP requests: timed sends × [run] repeats, plus the first step's determinism re-send when repeats = 1.
@@ -16,9 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runner import policy
-from runner.plan import Step
-from runner.records import FailureClass
+from runner.core.records import FailureClass
+from runner.plan.lanes import Step
+from runner.run import policy
 
 
 def session_requests(refs: list[int], seeds: int, oom_at: int, implies_seeds: bool, repeats: int) -> tuple[int, int]:

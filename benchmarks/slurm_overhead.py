@@ -26,8 +26,8 @@ sys.path.insert(0, str(ROOT))
 from runner import backends  # noqa: E402
 from runner.backends import slurm  # noqa: E402
 from runner.backends.base import Attempt  # noqa: E402
-from runner.matrix import load_matrix  # noqa: E402
-from runner.plan import make_plan  # noqa: E402
+from runner.plan.lanes import make_plan  # noqa: E402
+from runner.plan.matrix import load_matrix  # noqa: E402
 
 SERVER = """
 import http.server, sys

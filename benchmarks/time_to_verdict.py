@@ -13,7 +13,7 @@ auto's top-ups included), server starts, and GPU time weighted by the seed's rea
 sends × 40 s), beside the GPU-busy time measured here. The verdicts of both modes are printed and compared.
 
 `--at-limit-trials N`: the error rate of auto's procedure at the limit, by the pure simulation of
-tests/core/test_sequential.py (the runner's policy.topups / verdict / runner.sequential, jitter-drawn sends,
+tests/core/test_sequential.py (the runner's policy.topups / verdict / runner.plan.sequential, jitter-drawn sends,
 the offload exactly twice the default against a limit of 2): how often N seeded trials end decided.
 """
 
@@ -31,8 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from runner import cost  # noqa: E402
-from runner.store import RunStore  # noqa: E402
+from runner.present import cost  # noqa: E402
+from runner.run.store import RunStore  # noqa: E402
 
 SEED_LOAD_S, SEED_SEND_S = 90.0, 40.0  # the seed: a start takes one to two minutes, a request 34-45 s
 SEED_FAULTS = '"--fault", "slow-load=0.9", "--fault", "jitter=0.34:0.45:pid"'

@@ -4,7 +4,7 @@ cli.py only parses arguments and maps errors to exit codes; this module wires ma
 execute → rescore → verdict → store/report, and says what the exit status means:
 0 every card reached a world; 1 some card is undecided or the run is incomplete (steps a resume would
 still send); 2 bad input (UserError, raised before anything starts; also a run folder another runner
-holds); 130 / 143 / 129 interrupted by SIGINT (Ctrl-C) / SIGTERM / SIGHUP (runner.interrupts: servers
+holds); 130 / 143 / 129 interrupted by SIGINT (Ctrl-C) / SIGTERM / SIGHUP (runner.run.interrupts: servers
 stopped, records kept, a partial report written, the exact resume command printed).
 """
 
@@ -20,18 +20,20 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from runner import inputs, preflight, runinfo, runlock
-from runner.errors import UserError
-from runner.events import Events, Fanout
-from runner.interrupts import Interrupts, exit_code
-from runner.matrix import Matrix, load_matrix
-from runner.pending import Pending, pending
-from runner.plan import Plan, make_plan, sends_text
-from runner.records import RecordError, RunRecord
-from runner.records import load as load_record
-from runner.registry import BACKENDS, load
-from runner.store import RunStore
-from runner.units import slug
+from runner.core.errors import UserError
+from runner.core.records import RecordError, RunRecord
+from runner.core.records import load as load_record
+from runner.core.registry import BACKENDS, load
+from runner.core.units import slug
+from runner.plan import inputs, preflight
+from runner.plan.lanes import Plan, make_plan, sends_text
+from runner.plan.matrix import Matrix, load_matrix
+from runner.present import runinfo
+from runner.run import runlock
+from runner.run.events import Events, Fanout
+from runner.run.interrupts import Interrupts, exit_code
+from runner.run.pending import Pending, pending
+from runner.run.store import RunStore
 
 EXIT_OK, EXIT_INCOMPLETE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -60,7 +62,7 @@ def open_run(matrix_path: str, results: str | None, resume: str | None) -> Opene
         store = RunStore(root)
         run_doc = store.load_run()
         recorded = run_doc.get("inputs")
-        if isinstance(recorded, dict) and recorded:  # every input the records depend on (runner.inputs)
+        if isinstance(recorded, dict) and recorded:  # every input the records depend on (runner.plan.inputs)
             diff = inputs.changes(recorded, inputs.fingerprint(matrix, plan, salt=str(run_doc["run_id"])))
             if diff:
                 raise UserError(f"{matrix_path}: {inputs.refusal(run_doc['run_id'], diff)}")
@@ -81,8 +83,9 @@ def owed_topups(run: Opened) -> int:
     stopped while topping up): how many the records ask for now (the executor's own rule, policy.topups)."""
     if not (run.resumed and run.matrix.run.auto_repeats):
         return 0
-    from runner import baseline, policy
-    from runner.verdict import open_latencies
+    from runner.judge.verdict import open_latencies
+    from runner.plan import baseline
+    from runner.run import policy
 
     steps, sessions = run.store.load_steps(), run.store.load_sessions()
     try:
@@ -121,7 +124,7 @@ def execute(run: Opened, events: Events, todo: Pending, stop: threading.Event | 
             live: set | None = None) -> bool:
     """Run what is pending. Returns True when interrupted (a signal set `stop`, or Ctrl-C where no handler
     is installed); every finished step is on disk. `live` is filled with the servers up at any moment."""
-    from runner.execute import RunContext, run_plan  # the executor pulls httpx, meters, backends
+    from runner.run.execute import RunContext, run_plan  # the executor pulls httpx, meters, backends
 
     records = {s.key: s for s in run.store.load_steps()}
     ctx = RunContext(matrix=run.matrix, plan=run.plan, store=run.store, run_id=run.run_id, events=events,
@@ -145,14 +148,15 @@ def kill_all(servers: set, grace_s: float = 5.0) -> None:
 
 def finish(store: RunStore, matrix: Matrix, *, rescore: bool = True) -> list:
     """Rescore against the baseline cell, decide the verdicts, write verdict.json and the report."""
-    from runner import baseline, cost
-    from runner.findings.build import allocator_pairs
-    from runner.findings.profiles import profiles
-    from runner.progress import verdict_line
-    from runner.report import write_report
-    from runner.rescore import rescore_against_cell
-    from runner.units import GIB
-    from runner.verdict import decide_all
+    from runner.core.units import GIB
+    from runner.judge.findings.build import allocator_pairs
+    from runner.judge.findings.profiles import profiles
+    from runner.judge.verdict import decide_all
+    from runner.plan import baseline
+    from runner.present import cost
+    from runner.present.progress import verdict_line
+    from runner.present.report import write_report
+    from runner.run.rescore import rescore_against_cell
 
     if rescore:
         rescore_against_cell(matrix, store)
@@ -192,7 +196,7 @@ def as_recorded(matrix: Matrix, steps: Sequence[Any]) -> Matrix:
 
 def exit_status(worlds: Sequence[str], steps_left: int) -> int:
     """0 every card reached a world; 1 some card is undecided or steps are left that a resume would send."""
-    from runner.decision import World
+    from runner.judge.decision import World
 
     return EXIT_INCOMPLETE if steps_left or World.UNDECIDED in worlds else EXIT_OK
 
@@ -201,8 +205,8 @@ def check_reachable(matrix: Matrix, todo: Pending, *, skip_unreachable: bool) ->
     """Every host the pending sessions will use answers (preflight, nothing started yet): else one line per
     card and exit 2, or — with --skip-unreachable — that card is left out of this invocation with one line,
     its steps kept for a resume."""
-    from runner import reach
-    from runner.pending import without_cards
+    from runner.run import reach
+    from runner.run.pending import without_cards
 
     cards = list(dict.fromkeys(c for lane in todo.lanes for c in lane.cards))
     down = reach.unreachable(matrix, cards)
@@ -257,7 +261,7 @@ def declared_run(doc: dict[str, Any], root: Path) -> dict[str, Any]:
 
 def _run(opened: Opened, command: list[str], progress: bool, metrics_port: int | None, skip_unreachable: bool,
          interrupts: Interrupts, live: set, todo: Pending | None = None) -> int:
-    from runner.progress import ProgressView
+    from runner.present.progress import ProgressView
 
     if todo is None:  # a resume: what is left, then the hosts it needs
         todo = left_to_do(opened)
@@ -266,7 +270,7 @@ def _run(opened: Opened, command: list[str], progress: bool, metrics_port: int |
     opened.store.write_run(declared_run(opened.run_doc, opened.store.root))
     owed = 0 if todo.steps else owed_topups(opened)
     print(banner(opened, todo, owed), file=sys.stderr)
-    from runner.baseline import cell_mismatch
+    from runner.plan.baseline import cell_mismatch
 
     for card in opened.matrix.axes.cards:  # said before the run, not only in the report an hour later
         if note := cell_mismatch(opened.matrix, card):
@@ -277,7 +281,7 @@ def _run(opened: Opened, command: list[str], progress: bool, metrics_port: int |
     events: Events = view
     exporter = None
     if metrics_port is not None and todo.steps:
-        from runner.exporter import RunExporter
+        from runner.present.exporter import RunExporter
 
         try:
             exporter = RunExporter(opened.run_id, metrics_port)

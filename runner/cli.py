@@ -13,8 +13,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from runner import __version__, quote
-from runner.errors import UserError
+from runner import __version__
+from runner.core.errors import UserError
+from runner.observe import quote
 
 EXIT_HELP = """exit status of a run:
   0    every card reached a world (fits-resident, offload-works, not-built)
@@ -63,15 +64,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from runner.matrix import load_matrix
-    from runner.plan import describe, make_plan
+    from runner.plan.lanes import describe, make_plan
+    from runner.plan.matrix import load_matrix
 
     matrix = load_matrix(args.matrix, check_files=False)
     plan = make_plan(matrix)
     print(describe(plan, matrix))
     if args.estimate_from:
-        from runner.cost import estimate, estimate_lines
-        from runner.store import RunStore
+        from runner.present.cost import estimate, estimate_lines
+        from runner.run.store import RunStore
 
         root = Path(args.estimate_from)
         if not (root / "run.json").is_file():
@@ -84,8 +85,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     import tempfile
 
-    from runner.matrix import load_matrix
-    from runner.store import RunStore
+    from runner.plan.matrix import load_matrix
+    from runner.run.store import RunStore
 
     root = Path(args.run_dir)
     if not (root / "run.json").is_file():
@@ -105,7 +106,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from runner.compare import load_summary, render
+    from runner.present.compare import load_summary, render
 
     text = render(load_summary(Path(args.before)), load_summary(Path(args.after)), show_all=args.all)
     if args.out:
@@ -115,7 +116,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from runner import schemas
+    from runner.present import schemas
 
     for path in schemas.write(Path(args.out) if args.out else schemas.FOLDER):
         print(path)

@@ -121,7 +121,8 @@ alive "$RUN/slurmd.pid" || slurmd
 # --- wait for the node ---
 state=""
 for _ in $(seq 60); do
-  alive "$RUN/slurmctld.pid" && alive "$RUN/slurmd.pid" || break
+  # a daemon that forked may not have written its pid file yet: wait for it rather than give up at once
+  alive "$RUN/slurmctld.pid" && alive "$RUN/slurmd.pid" || { sleep 1; continue; }
   state=$(sinfo -h -n "$NODE" -o %t 2>/dev/null || true)
   case "$state" in
     idle*|mix*|alloc*) break ;;

@@ -1,4 +1,4 @@
-"""Where a server runs: one runner.registry.BACKENDS entry per backend (`local`: a subprocess, `docker`: a
+"""Where a server runs: one runner.core.registry.BACKENDS entry per backend (`local`: a subprocess, `docker`: a
 container on a local engine or ssh://). Kept light."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from runner.backends.base import Attempt, RunningServer
-    from runner.plan import ServerPlan
+    from runner.plan.lanes import ServerPlan
 
 
 def create(plan: ServerPlan, attempt: Attempt) -> RunningServer:
     """The planned server's backend, for one start (its class is imported only now)."""
-    from runner.registry import BACKENDS, load
+    from runner.core.registry import BACKENDS, load
 
     return load(BACKENDS.get(plan.backend).factory)(plan, attempt)  # type: ignore[no-any-return]

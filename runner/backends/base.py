@@ -17,11 +17,11 @@ from typing import Any
 
 import httpx
 
-from runner import bounded, quote
-from runner.failures import classify_start
-from runner.plan import RUNTIME_PORT, ServerPlan
-from runner.records import Failure, FailureClass
-from runner.secrets import resolved_values
+from runner.core.records import Failure, FailureClass
+from runner.core.secrets import resolved_values
+from runner.observe import bounded, quote
+from runner.observe.failures import classify_start
+from runner.plan.lanes import RUNTIME_PORT, ServerPlan
 
 PROBE_S = 5.0  # one readiness probe's total deadline (within ready_timeout_s)
 PROBE_BYTES = 1 << 20  # a /health answer larger than this is not one

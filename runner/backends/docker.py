@@ -30,10 +30,10 @@ from docker.types import Mount as DockerMount
 
 from runner.backends import owner
 from runner.backends.base import Attempt, ExitInfo, RunningServer
-from runner.matrix import Mount
-from runner.plan import ServerPlan
-from runner.registry import LOOPBACK, DockerOptions
-from runner.secrets import resolve_env
+from runner.core.registry import LOOPBACK, DockerOptions
+from runner.core.secrets import resolve_env
+from runner.plan.lanes import ServerPlan
+from runner.plan.matrix import Mount
 
 MANAGED = "runner.managed"
 STOP_TIMEOUT_S = 10  # SIGTERM grace before the engine sends SIGKILL

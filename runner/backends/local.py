@@ -27,11 +27,11 @@ import psutil
 
 from runner.backends import owner
 from runner.backends.base import ExitInfo, RunningServer, StartFailed
-from runner.errors import UserError
-from runner.matrix import Matrix
-from runner.plan import Plan
-from runner.records import Failure, FailureClass
-from runner.secrets import resolve_env
+from runner.core.errors import UserError
+from runner.core.records import Failure, FailureClass
+from runner.core.secrets import resolve_env
+from runner.plan.lanes import Plan
+from runner.plan.matrix import Matrix
 
 HOST = "127.0.0.1"  # where a local server listens and the runner reaches it
 

@@ -13,7 +13,7 @@
   `reap` cancels only jobs whose runner is provably gone (same host, PID not running with that start time).
   `runner.slurm.lifeline` cancels this runner's allocations when it dies, `kill -9` included.
 - **The scheduler's own ends** (scancel, preemption, time limit, node failure) are found by
-  runner.failures in slurmstepd's line in the step log and recorded as their own classes, never as OOM; a
+  runner.observe.failures in slurmstepd's line in the step log and recorded as their own classes, never as OOM; a
   lost allocation is replaced by a new one at the next start (and `--resume` always submits new ones).
 
 Time in the queue is recorded in each start's `info` (`queue_wait_s`), apart from the measured times.
@@ -33,16 +33,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner import quote
 from runner.backends import owner
 from runner.backends.base import Attempt, ExitInfo, RunningServer, StartFailed
-from runner.errors import UserError
-from runner.failures import CLUSTER_CLASS
-from runner.matrix import Matrix
-from runner.plan import Plan, ServerPlan
-from runner.records import Failure, FailureClass
-from runner.registry import SlurmOptions
-from runner.secrets import resolve_env
+from runner.core.errors import UserError
+from runner.core.records import Failure, FailureClass
+from runner.core.registry import SlurmOptions
+from runner.core.secrets import resolve_env
+from runner.observe import quote
+from runner.observe.failures import CLUSTER_CLASS
+from runner.observe.scheduler import cluster_end
+from runner.plan.lanes import Plan, ServerPlan
+from runner.plan.matrix import Matrix
 from runner.slurm import client, parse
 from runner.slurm.client import SlurmError
 
@@ -413,8 +414,8 @@ class SlurmServer(RunningServer):
         # A request sent after the scheduler ended the step (between two requests) has only a refused
         # connection in its window: the scheduler's line, written before it, is what explains it.
         text = super().read_log(start, end)
-        if start > 0 and self.proc is not None and self.proc.poll() is not None and parse.cluster_end(text) is None:
-            before = parse.cluster_end(super().read_log(max(0, start - 16_384), start))
+        if start > 0 and self.proc is not None and self.proc.poll() is not None and cluster_end(text) is None:
+            before = cluster_end(super().read_log(max(0, start - 16_384), start))
             if before is not None and self._stopped_at is None:
                 text = f"{before.line}\n{text}"
         return text

@@ -1,12 +1,12 @@
-"""Meters named in a card's `meters` list → Meter objects for one server start, through runner.registry."""
+"""Meters named in a card's `meters` list → Meter objects for one server start, through runner.core.registry."""
 
 from __future__ import annotations
 
 from runner.backends.base import RunningServer
-from runner.matrix import Card
+from runner.core.registry import METERS, load
 from runner.meters.base import Meter, PolledMeter, Series, SourceUnavailable, UnavailableMeter
 from runner.meters.idle import IdleBaseline, idle_baseline
-from runner.registry import METERS, load
+from runner.plan.matrix import Card
 
 
 def build_meter(name: str, card: Card, server: RunningServer | None, hz: float) -> Meter:

@@ -18,9 +18,9 @@ from typing import Any
 
 import httpx
 
-from runner import bounded, quote
-from runner.reading import BadReading, to_bytes
-from runner.records import Peak
+from runner.core.records import Peak
+from runner.observe import bounded, quote
+from runner.observe.reading import BadReading, to_bytes
 
 SCRAPE_S = 2.0  # a scrape's total deadline: a dripping or hanging exporter never stalls a step for longer
 SCRAPE_BYTES = 8 * 2**20  # a metrics page over this is not one (dcgm-exporter's page for 8 GPUs: ~100 KB)

@@ -21,11 +21,11 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from runner.backends.base import RunningServer
-from runner.matrix import Card
+from runner.core.registry import DcgmOptions
+from runner.core.units import MIB
 from runner.meters.base import Meter, PolledMeter, SourceUnavailable, fetch_text
-from runner.reading import BadReading, to_bytes
-from runner.registry import DcgmOptions
-from runner.units import MIB
+from runner.observe.reading import BadReading, to_bytes
+from runner.plan.matrix import Card
 
 FB_FIELDS = {"DCGM_FI_DEV_FB_USED": "used", "DCGM_FI_DEV_FB_FREE": "free", "DCGM_FI_DEV_FB_RESERVED": "reserved"}
 COARSE_S = 1.0

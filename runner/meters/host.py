@@ -4,8 +4,8 @@ that an offload flag moved memory from VRAM to host DRAM."""
 from __future__ import annotations
 
 from runner.backends.base import RunningServer
-from runner.matrix import Card
 from runner.meters.base import Meter, PolledMeter, SourceUnavailable, UnavailableMeter
+from runner.plan.matrix import Card
 
 
 class HostMemoryMeter(PolledMeter):

@@ -71,7 +71,7 @@ def idle_baseline(card: Any) -> IdleBaseline:
     """The baseline for a card, from the first of its meters (in the card's order) whose registry entry can
     see the whole device's processes (`idle`: NVML on this host, the sidecar on the GPU's host), else the
     first one's reason; unavailable with the reason when the card lists none."""
-    from runner.registry import METERS, load
+    from runner.core.registry import METERS, load
 
     tried = []
     for name in card.meters:

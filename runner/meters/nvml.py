@@ -15,10 +15,10 @@ import time
 from typing import Any
 
 from runner.backends.base import RunningServer
-from runner.matrix import Card
 from runner.meters.base import Meter, PolledMeter, SourceUnavailable, UnavailableMeter
 from runner.meters.gpu import GpuInfo, GpuProcess, MemorySample
 from runner.meters.idle import IdleBaseline, measure_idle
+from runner.plan.matrix import Card
 
 _init_lock = threading.Lock()
 _init_error: str | None = None

@@ -15,14 +15,14 @@ from typing import Any
 
 import httpx
 
-from runner import quote
 from runner.backends.base import RunningServer
-from runner.matrix import Card
+from runner.core.records import Peak
+from runner.core.registry import PrometheusOptions
+from runner.core.units import MIB
 from runner.meters.base import Meter, Series, SourceUnavailable, scrape
-from runner.reading import number, to_bytes
-from runner.records import Peak
-from runner.registry import PrometheusOptions
-from runner.units import MIB
+from runner.observe import quote
+from runner.observe.reading import number, to_bytes
+from runner.plan.matrix import Card
 
 METRIC = "DCGM_FI_DEV_FB_USED"
 

@@ -18,11 +18,11 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from runner.backends.base import RunningServer
-from runner.matrix import Card
+from runner.core.records import Peak
+from runner.core.units import MIB
 from runner.meters.base import Meter, PolledMeter, SourceUnavailable, UnavailableMeter, fetch_text
-from runner.reading import to_bytes
-from runner.records import Peak
-from runner.units import MIB
+from runner.observe.reading import to_bytes
+from runner.plan.matrix import Card
 
 DEVICE_GAUGES = ("refserver_device_memory_bytes",)
 PEAK_GAUGES = ("vllm_omni:peak_memory_mb",)  # MiB per stage, last request's reserved peak

@@ -16,14 +16,14 @@ from typing import Any
 
 import httpx
 
-from runner import quote
 from runner.backends.base import RunningServer
-from runner.matrix import Card
+from runner.core.records import Peak
+from runner.core.registry import SidecarOptions
 from runner.meters.base import Meter, Series, SourceUnavailable, scrape
 from runner.meters.idle import IdleBaseline
-from runner.reading import BadReading, number, to_bytes
-from runner.records import Peak
-from runner.registry import SidecarOptions
+from runner.observe import quote
+from runner.observe.reading import BadReading, number, to_bytes
+from runner.plan.matrix import Card
 
 
 def _window(d: object) -> dict[str, Any]:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from runner.baseline import cell_mismatch
-from runner.matrix import load_matrix
+from runner.plan.baseline import cell_mismatch
+from runner.plan.matrix import load_matrix
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from test_verdict import RULES, session, step
 
-from runner.compare import load_summary, render
-from runner.records import FailureClass, Status
-from runner.verdict import decide
+from runner.core.records import FailureClass, Status
+from runner.judge.verdict import decide
+from runner.present.compare import load_summary, render
 
 
 def write_run(root: Path, run_id: str, steps: list, sessions: list) -> Path:

@@ -1,11 +1,8 @@
-"""What a run cost and what the next will (runner.cost): hand-built records with send times, no processes."""
+"""What a run cost and what the next will (runner.present.cost): hand-built records with send times, no processes."""
 
 from __future__ import annotations
 
-from runner.cost import card_costs, cost_lines, estimate, sends_of
-from runner.matrix import VerdictRules
-from runner.plan import Lane, Plan, Session, Step
-from runner.records import (
+from runner.core.records import (
     Failure,
     FailureClass,
     Peak,
@@ -17,6 +14,9 @@ from runner.records import (
     Status,
     StepRecord,
 )
+from runner.plan.lanes import Lane, Plan, Session, Step
+from runner.plan.matrix import VerdictRules
+from runner.present.cost import card_costs, cost_lines, estimate, sends_of
 
 RULES = VerdictRules(target_references=2, max_latency_ratio=2.5, min_psnr_db=20, offload_roles=("offload",),
                      max_transparent_share=0.5, min_pixel_std=2.0)

@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from runner.records import SCHEMA_VERSION
-from runner.store import atomic_write
+from runner.core.records import SCHEMA_VERSION
+from runner.run.store import atomic_write
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,7 +35,7 @@ def test_records_get_the_mode_of_an_ordinary_file(tmp_path: Path) -> None:
     record, report = (stat.S_IMODE((tmp_path / n).stat().st_mode) for n in ("step.json", "report.md"))
     assert record == report
     # and under a strict umask both are private: the umask decides, for every file alike
-    code = ("import os, stat, pathlib, sys; os.umask(0o077); from runner.store import atomic_write; "
+    code = ("import os, stat, pathlib, sys; os.umask(0o077); from runner.run.store import atomic_write; "
             "d = pathlib.Path(sys.argv[1]); atomic_write(d / 'a.json', b'{}'); (d / 'b.md').write_text('x'); "
             "print(oct(stat.S_IMODE((d / 'a.json').stat().st_mode)), oct(stat.S_IMODE((d / 'b.md').stat().st_mode)))")
     strict = tmp_path / "strict"

@@ -7,11 +7,11 @@ from pathlib import Path
 
 from PIL import Image
 
-from runner.execute import Baselines, References, RunContext, Served, SessionRunner
-from runner.matrix import load_matrix
-from runner.plan import make_plan
-from runner.records import FailureClass, Status, StepRecord
-from runner.store import RunStore
+from runner.core.records import FailureClass, Status, StepRecord
+from runner.plan.lanes import make_plan
+from runner.plan.matrix import load_matrix
+from runner.run.execute import Baselines, References, RunContext, Served, SessionRunner
+from runner.run.store import RunStore
 
 
 def runner(matrix_dir: Path) -> tuple[SessionRunner, StepRecord]:

@@ -6,8 +6,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from runner.backends.local import free_port
-from runner.exporter import RunExporter
-from runner.records import Failure, FailureClass, Peak, Status, StepRecord
+from runner.core.records import Failure, FailureClass, Peak, Status, StepRecord
+from runner.present.exporter import RunExporter
 
 
 def test_exporter_serves_step_outcomes_and_live_memory() -> None:

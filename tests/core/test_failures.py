@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from runner.failures import classify_request, classify_start, error_lines
-from runner.records import FailureClass
+from runner.core.records import FailureClass
+from runner.observe.failures import classify_request, classify_start, error_lines
 
 TRACEBACK = """\
 INFO starting

@@ -13,11 +13,11 @@ import httpx
 import numpy as np
 from PIL import Image
 
-from runner import dialects
-from runner.failures import references_dropped
-from runner.matrix import load_matrix
+from runner.core.records import FailureClass, StepRecord, load
 from runner.meters.server import read_gauges
-from runner.records import FailureClass, StepRecord, load
+from runner.observe.failures import references_dropped
+from runner.plan.matrix import load_matrix
+from runner.run import dialects
 
 ROOT = Path(__file__).resolve().parents[2]
 

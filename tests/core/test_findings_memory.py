@@ -6,14 +6,24 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from runner.findings.build import allocator_pairs, card_findings
-from runner.findings.memory import fit, memory_model
-from runner.findings.oom import read_oom
-from runner.findings.profiles import profiles
-from runner.matrix import VerdictRules
-from runner.records import Failure, FailureClass, Peak, Sanity, Scores, ServerStart, SessionRecord, Status, StepRecord
-from runner.verdict import decide
-from runner.verdict_text import findings_lines, size
+from runner.core.records import (
+    Failure,
+    FailureClass,
+    Peak,
+    Sanity,
+    Scores,
+    ServerStart,
+    SessionRecord,
+    Status,
+    StepRecord,
+)
+from runner.judge.findings.build import allocator_pairs, card_findings
+from runner.judge.findings.memory import fit, memory_model
+from runner.judge.findings.profiles import profiles
+from runner.judge.verdict import decide
+from runner.judge.verdict_text import findings_lines, size
+from runner.observe.oom import read_oom
+from runner.plan.matrix import VerdictRules
 
 FIX = Path(__file__).parent / "fixtures" / "oom"
 RUNS = json.loads((FIX / "qwen-peaks.json").read_text())["runs"]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from runner.findings.oom import last_message, parse_message, read_oom
-from runner.findings.traceback import is_own, oom_traceback, package_path, site_of
+from runner.observe.oom import last_message, parse_message, read_oom
+from runner.observe.traceback import is_own, oom_traceback, package_path, site_of
 
 FIX = Path(__file__).parent / "fixtures" / "oom"
 MIB, GIB = 2**20, 2**30

@@ -11,9 +11,9 @@ import pytest
 
 from runner.backends.base import Attempt
 from runner.backends.local import LocalServer
-from runner.errors import UserError
-from runner.matrix import load_matrix
-from runner.plan import describe, make_plan
+from runner.core.errors import UserError
+from runner.plan.lanes import describe, make_plan
+from runner.plan.matrix import load_matrix
 
 
 def edit(d: Path, old: str, new: str) -> Path:

@@ -18,9 +18,9 @@ import jsonschema
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runner.errors import UserError
-from runner.matrix import PLACEHOLDERS, load_matrix
-from runner.plan import render_template
+from runner.core.errors import UserError
+from runner.plan.lanes import render_template
+from runner.plan.matrix import PLACEHOLDERS, load_matrix
 
 SCHEMA = jsonschema.Draft4Validator(json.loads((Path(__file__).resolve().parents[2] / "runner" / "schema" /
                                                 "matrix.schema.json").read_text()))

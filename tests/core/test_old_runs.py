@@ -12,8 +12,8 @@ from pathlib import Path
 
 import jsonschema
 
-from runner.records import SessionRecord, StepRecord
-from runner.store import RunStore
+from runner.core.records import SessionRecord, StepRecord
+from runner.run.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "run-v3"

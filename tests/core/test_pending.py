@@ -1,10 +1,10 @@
-"""Pending work as a pure function of plan + records (runner.pending)."""
+"""Pending work as a pure function of plan + records (runner.run.pending)."""
 
 from __future__ import annotations
 
-from runner.pending import pending
-from runner.plan import Lane, Plan, Session, Step
-from runner.records import Failure, FailureClass, ServerStart, SessionRecord, Status, StepRecord
+from runner.core.records import Failure, FailureClass, ServerStart, SessionRecord, Status, StepRecord
+from runner.plan.lanes import Lane, Plan, Session, Step
+from runner.run.pending import pending
 
 
 def plan() -> Plan:

@@ -1,11 +1,11 @@
-"""The session policy as a pure function (runner.policy): hand-built outcomes, no processes."""
+"""The session policy as a pure function (runner.run.policy): hand-built outcomes, no processes."""
 
 from __future__ import annotations
 
-from runner import policy
-from runner.plan import Step
-from runner.policy import Begin, CheckIdle, Finish, IdleChecked, Rules, Send, Sent, Skip, Skipped, Start, Started
-from runner.records import Failure, FailureClass, Status, StepRecord
+from runner.core.records import Failure, FailureClass, Status, StepRecord
+from runner.plan.lanes import Step
+from runner.run import policy
+from runner.run.policy import Begin, CheckIdle, Finish, IdleChecked, Rules, Send, Sent, Skip, Skipped, Start, Started
 
 RULES = Rules(restarts=1, stop_after_oom=True, oom_implies_seeds=True, determinism_resend=True, gpu_gate=False)
 

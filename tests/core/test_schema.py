@@ -1,5 +1,5 @@
-"""The published JSON Schema is generated from the record declarations (runner.schemas, from the pydantic
-models in runner.records) and validates what the records write; older records migrate to the current form
+"""The published JSON Schema is generated from the record declarations (runner.present.schemas, from the pydantic
+models in runner.core.records) and validates what the records write; older records migrate to the current form
 and a record of wrong types is one line naming the field and the value."""
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from runner import schemas
-from runner.records import (
+from runner.core.records import (
     SCHEMA_VERSION,
     Failure,
     FailureClass,
@@ -28,6 +27,7 @@ from runner.records import (
     load,
     migrate,
 )
+from runner.present import schemas
 
 PUBLISHED = Path(__file__).resolve().parents[2] / "runner" / "schema" / "result.schema.json"
 
@@ -117,10 +117,10 @@ def test_a_record_of_wrong_types_is_one_line_naming_field_and_value(change: dict
 
 
 def test_run_json_as_runinfo_writes_it_is_the_declared_record(matrix_dir: Path) -> None:
-    from runner import runinfo
-    from runner.matrix import load_matrix
-    from runner.plan import make_plan
-    from runner.records import RunRecord
+    from runner.core.records import RunRecord
+    from runner.plan.lanes import make_plan
+    from runner.plan.matrix import load_matrix
+    from runner.present import runinfo
 
     matrix = load_matrix(matrix_dir / "matrix.toml")
     doc = runinfo.run_doc(matrix, make_plan(matrix), "t-1", 1.0)
@@ -138,7 +138,7 @@ def test_committed_findings_schema_matches_the_declaration() -> None:
 
 
 def test_an_oom_failure_with_its_anatomy_validates_and_round_trips() -> None:
-    from runner.findings.oom import read_oom
+    from runner.observe.oom import read_oom
 
     log = (Path(__file__).parent / "fixtures" / "oom" / "qwen-default.txt").read_text()
     failure = Failure(kind=FailureClass.OOM, message="HTTP 500", evidence=("CUDA out",), http_status=500,
@@ -173,7 +173,7 @@ def matrix_validator() -> jsonschema.protocols.Validator:
 
 
 def test_committed_matrix_schema_matches_the_models() -> None:
-    from runner import matrix
+    from runner.plan import matrix
 
     assert MATRIX_SCHEMA.read_text() == matrix.render_schema(), \
         "runner/schema/matrix.schema.json drifted: run `runner schema`"
@@ -195,8 +195,8 @@ def test_matrix_schema_rejects_what_the_loader_rejects(matrix_dir: Path) -> None
     the editor's schema as by the loader."""
     import tomllib
 
-    from runner.errors import UserError
-    from runner.matrix import load_matrix
+    from runner.core.errors import UserError
+    from runner.plan.matrix import load_matrix
 
     validator = matrix_validator()
     text = (matrix_dir / "matrix.toml").read_text()

@@ -9,9 +9,10 @@ import json
 import numpy as np
 from PIL import Image
 
-from runner import dialects, scoring
-from runner.failures import classify_request, classify_start
-from runner.records import FailureClass
+from runner.core.records import FailureClass
+from runner.judge import scoring
+from runner.observe.failures import classify_request, classify_start
+from runner.run import dialects
 
 
 def png(array: np.ndarray, mode: str = "RGB") -> bytes:

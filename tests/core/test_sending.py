@@ -16,13 +16,13 @@ import httpx
 import pytest
 from PIL import Image
 
-from runner import dialects
 from runner.backends.base import ExitInfo, RunningServer
-from runner.plan import Step
-from runner.records import Failure, FailureClass, Peak, SendTime, Status, StepRecord
-from runner.sending import Sender, repeat_label
-from runner.step_records import topped_up
-from runner.vocab import Role
+from runner.core.records import Failure, FailureClass, Peak, SendTime, Status, StepRecord
+from runner.core.vocab import Role
+from runner.plan.lanes import Step
+from runner.run import dialects
+from runner.run.sending import Sender, repeat_label
+from runner.run.step_records import topped_up
 
 STEP = Step("c", "f", "fx", 1, 7)
 

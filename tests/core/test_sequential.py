@@ -1,4 +1,4 @@
-"""`repeats = "auto"`: the sequential interval (runner.sequential), the top-up rule (policy.topups) and the
+"""`repeats = "auto"`: the sequential interval (runner.plan.sequential), the top-up rule (policy.topups) and the
 verdict driven together as the executor drives them, with the reference server's own jitter generator
 (runner.refserver.faults: `--fault jitter=MIN:MAX:SEED`) as the latency of each send. No processes: the
 end-to-end run with the real server is tests/e2e/test_auto_repeats.py."""
@@ -7,12 +7,23 @@ from __future__ import annotations
 
 import pytest
 
-from runner import policy, sequential
-from runner.decision import World
-from runner.matrix import VerdictRules
-from runner.records import Failure, FailureClass, Peak, Sanity, Scores, ServerStart, SessionRecord, Status, StepRecord
+from runner.core.records import (
+    Failure,
+    FailureClass,
+    Peak,
+    Sanity,
+    Scores,
+    ServerStart,
+    SessionRecord,
+    Status,
+    StepRecord,
+)
+from runner.judge.decision import World
+from runner.judge.verdict import decide, open_latencies
+from runner.plan import sequential
+from runner.plan.matrix import VerdictRules
 from runner.refserver.faults import FaultPlan
-from runner.verdict import decide, open_latencies
+from runner.run import policy
 
 MAX_REPEATS = 8
 RULES = VerdictRules(target_references=2, max_latency_ratio=2.0, min_psnr_db=20, offload_roles=("offload",),

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from runner.dialects import ServerPeak
-from runner.plan import Step
-from runner.records import Failure, FailureClass, Peak, Status
-from runner.step_records import HttpResult, Observed, Sends, Served, step_record
+from runner.core.records import Failure, FailureClass, Peak, Status
+from runner.plan.lanes import Step
+from runner.run.dialects import ServerPeak
+from runner.run.step_records import HttpResult, Observed, Sends, Served, step_record
 
 STEP = Step("c", "f", "fx", 2, 7)
 PEAKS = (Peak(source="nvml", metric="device", bytes=5 << 20, samples=10, rate_hz=100.0, available=True),)

@@ -1,5 +1,5 @@
 """A new meter and a new backend are one registry entry each: this test adds a toy meter and a toy backend
-through runner.registry alone (no other file of the runner edited), and runs a whole session with them in
+through runner.core.registry alone (no other file of the runner edited), and runs a whole session with them in
 process — matrix validation of their card keys, the plan, the executor, the records, the verdict and the
 report's glossary all reach them through their entries."""
 
@@ -20,18 +20,18 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from runner import runinfo
 from runner.app import finish
 from runner.backends.base import ExitInfo, RunningServer
-from runner.errors import UserError
-from runner.execute import RunContext, run_plan
-from runner.matrix import Card, load_matrix
+from runner.core.errors import UserError
+from runner.core.records import RunRecord, Status, load
+from runner.core.registry import BACKENDS, METERS, BackendEntry, BackendOptions, MeterEntry, Options
+from runner.core.units import MIB
 from runner.meters.base import Meter, PolledMeter
-from runner.plan import ServerPlan, describe, make_plan
-from runner.records import RunRecord, Status, load
-from runner.registry import BACKENDS, METERS, BackendEntry, BackendOptions, MeterEntry, Options
-from runner.store import RunStore
-from runner.units import MIB
+from runner.plan.lanes import ServerPlan, describe, make_plan
+from runner.plan.matrix import Card, load_matrix
+from runner.present import runinfo
+from runner.run.execute import RunContext, run_plan
+from runner.run.store import RunStore
 
 
 def png(seed: int) -> bytes:

@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import re
 
-from runner.decision import World
-from runner.matrix import VerdictRules
-from runner.records import Failure, FailureClass, Peak, Sanity, Scores, ServerStart, SessionRecord, Status, StepRecord
-from runner.verdict import decide, identical_pairs, ratio_interval
+from runner.core.records import (
+    Failure,
+    FailureClass,
+    Peak,
+    Sanity,
+    Scores,
+    ServerStart,
+    SessionRecord,
+    Status,
+    StepRecord,
+)
+from runner.judge.decision import World
+from runner.judge.verdict import decide, identical_pairs, ratio_interval
+from runner.plan.matrix import VerdictRules
 
 RULES = VerdictRules(target_references=2, max_latency_ratio=2.5, min_psnr_db=20, offload_roles=("offload",),
                      max_transparent_share=0.5, min_pixel_std=2.0)

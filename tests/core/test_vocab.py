@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from runner import dialects, matrix
-from runner.registry import BACKENDS, DIALECTS, METERS, load
+from runner.core.registry import BACKENDS, DIALECTS, METERS, load
+from runner.plan import matrix
+from runner.run import dialects
 
 
 @pytest.mark.parametrize("dialect", DIALECTS.names())

@@ -10,9 +10,9 @@ from typing import NamedTuple
 import docker
 
 from runner.backends.base import Attempt
-from runner.matrix import Mount, ServerProfile
-from runner.plan import ServerPlan
-from runner.registry import DockerOptions
+from runner.core.registry import DockerOptions
+from runner.plan.lanes import ServerPlan
+from runner.plan.matrix import Mount, ServerProfile
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "docker" / "refserver" / "build.sh"

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from runner.backends.base import Attempt
 from runner.backends.docker import DockerServer, reap
-from runner.matrix import ServerProfile
-from runner.plan import ServerPlan
-from runner.registry import DockerOptions
+from runner.core.registry import DockerOptions
+from runner.plan.lanes import ServerPlan
+from runner.plan.matrix import ServerProfile
 
 image, run_id, log_dir = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 plan = ServerPlan(backend="docker", profile=ServerProfile(name="t", image=image, port=8000), argv=("sleep", "300"),

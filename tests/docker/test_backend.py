@@ -13,7 +13,6 @@ import pytest
 from dockerkit import dead_owner_labels, labels, make_spec, new_run_id, refserver_argv
 from PIL import Image
 
-from runner import dialects
 from runner.backends import create
 from runner.backends.base import StartFailed
 from runner.backends.docker import (
@@ -24,8 +23,9 @@ from runner.backends.docker import (
     reap,
     working_set,
 )
-from runner.matrix import Mount
-from runner.records import FailureClass
+from runner.core.records import FailureClass
+from runner.plan.matrix import Mount
+from runner.run import dialects
 
 
 def png(seed: int, size: int = 48) -> bytes:

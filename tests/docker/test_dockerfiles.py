@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.matrix import load_matrix
+from runner.plan.matrix import load_matrix
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM = ROOT / "docker" / "vllm-omni"

@@ -23,15 +23,15 @@ import docker
 import pytest
 from dockerkit import ROOT, new_run_id
 
-from runner.decision import World
-from runner.events import Events
-from runner.execute import RunContext, run_plan
-from runner.matrix import load_matrix
-from runner.pending import pending
-from runner.plan import make_plan
-from runner.records import FailureClass, Status
-from runner.store import RunStore
-from runner.verdict import decide_all
+from runner.core.records import FailureClass, Status
+from runner.judge.decision import World
+from runner.judge.verdict import decide_all
+from runner.plan.lanes import make_plan
+from runner.plan.matrix import load_matrix
+from runner.run.events import Events
+from runner.run.execute import RunContext, run_plan
+from runner.run.pending import pending
+from runner.run.store import RunStore
 
 REF = str(ROOT / "examples" / "refs" / "ref-1.png")
 

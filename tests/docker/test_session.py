@@ -12,12 +12,12 @@ import docker
 import pytest
 from dockerkit import new_run_id
 
-from runner.events import Events
-from runner.execute import RunContext, run_plan
-from runner.matrix import load_matrix
-from runner.plan import make_plan
-from runner.records import FailureClass, Status
-from runner.store import RunStore
+from runner.core.records import FailureClass, Status
+from runner.plan.lanes import make_plan
+from runner.plan.matrix import load_matrix
+from runner.run.events import Events
+from runner.run.execute import RunContext, run_plan
+from runner.run.store import RunStore
 
 MATRIX = """
 [run]

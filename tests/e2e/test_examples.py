@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.quote import markdown
+from runner.observe.quote import markdown
 from tests.conftest import ExampleRun
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -88,7 +88,7 @@ def test_corrupt_third_reference_is_failed_not_served_and_peaks_carry_their_sour
 
 
 def test_seed_emulated_keeps_matrix_toml_flags_axes_seeds_and_rules() -> None:
-    from runner.matrix import load_matrix
+    from runner.plan.matrix import load_matrix
 
     seed = load_matrix(ROOT / "matrix.toml", check_files=False)
     emu = load_matrix(ROOT / "examples" / "seed-emulated.toml")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from test_run import matrix, run
 
-from runner import reach
+from runner.run import reach
 
 
 def closed_port() -> int:
@@ -110,7 +110,7 @@ def test_skip_unreachable_runs_the_other_cards_and_leaves_that_one_for_a_resume(
 
 
 def test_every_endpoint_a_card_names_is_probed(tmp_path: Path) -> None:
-    from runner.matrix import load_matrix
+    from runner.plan.matrix import load_matrix
 
     path = matrix(tmp_path, DOCKER_SERVER + """
         [cards.all]

@@ -14,12 +14,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from runner import dialects
 from runner.meters.base import PolledMeter, SourceUnavailable
 from runner.meters.dcgm import DcgmMeter
 from runner.meters.prometheus import PrometheusMeter
 from runner.meters.server import ServerMetricsMeter
 from runner.meters.sidecar_meter import SidecarMeter
+from runner.run import dialects
 
 MIB = 2**20
 BAD_NUMBERS = ["NaN", "+Inf", "-Inf", "-5000", "1e30", "9.3e15"]  # MiB: the last two are ≥ 2^63 bytes and ≥ 1 PiB

@@ -57,8 +57,8 @@ def exported_names() -> set[str]:
 def runner_exporter_names() -> set[str]:
     """What `runner MATRIX --metrics-port` serves, from a real exporter fed one finished step."""
     from runner.backends.local import free_port
-    from runner.exporter import RunExporter
-    from runner.records import Peak, Status, StepRecord
+    from runner.core.records import Peak, Status, StepRecord
+    from runner.present.exporter import RunExporter
 
     port = free_port()
     exporter = RunExporter("r", port)

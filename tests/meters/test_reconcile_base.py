@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from array import array
 
+from runner.core.records import Peak
+from runner.judge.reconcile import reconcile, render
 from runner.meters.base import compact
-from runner.reconcile import reconcile, render
-from runner.records import Peak
 
 MIB = 1 << 20
 

@@ -14,8 +14,8 @@ import pytest
 
 from runner.backends.base import Attempt, StartFailed
 from runner.backends.local import LocalServer
-from runner.matrix import ServerProfile
-from runner.plan import ServerPlan
+from runner.plan.lanes import ServerPlan
+from runner.plan.matrix import ServerProfile
 
 # Forks a child that leaves the process group (setsid) and sleeps; the parent then exits (mode "exit") or
 # serves /health and stays (mode "stay").

@@ -7,13 +7,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from runner.execute import Baselines, References, RunContext, Served, SessionRunner
-from runner.matrix import VerdictRules, load_matrix
-from runner.plan import make_plan
-from runner.records import Peak, ServerStart, SessionRecord, Status, StepRecord
-from runner.report import write_report
-from runner.store import RunStore, load_memory
-from runner.verdict import decide_all
+from runner.core.records import Peak, ServerStart, SessionRecord, Status, StepRecord
+from runner.judge.verdict import decide_all
+from runner.plan.lanes import make_plan
+from runner.plan.matrix import VerdictRules, load_matrix
+from runner.present.report import write_report
+from runner.run.execute import Baselines, References, RunContext, Served, SessionRunner
+from runner.run.store import RunStore, load_memory
 
 
 class S:

@@ -6,12 +6,22 @@ from __future__ import annotations
 
 import pytest
 
-from runner.decision import World
-from runner.failures import classify_request
-from runner.matrix import VerdictRules
-from runner.pending import step_done
-from runner.records import Failure, FailureClass, Peak, Sanity, Scores, ServerStart, SessionRecord, Status, StepRecord
-from runner.verdict import decide
+from runner.core.records import (
+    Failure,
+    FailureClass,
+    Peak,
+    Sanity,
+    Scores,
+    ServerStart,
+    SessionRecord,
+    Status,
+    StepRecord,
+)
+from runner.judge.decision import World
+from runner.judge.verdict import decide
+from runner.observe.failures import classify_request
+from runner.plan.matrix import VerdictRules
+from runner.run.pending import step_done
 
 RULES = VerdictRules(target_references=2, max_latency_ratio=2.5, min_psnr_db=20, offload_roles=("offload",),
                      max_transparent_share=0.5, min_pixel_std=2.0)

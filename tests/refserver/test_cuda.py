@@ -14,10 +14,10 @@ import pytest
 import torch
 from refserver_helpers import make_ref
 
+from runner.judge.scoring import psnr
 from runner.refserver.config import ServerConfig, resolve_preset
 from runner.refserver.engine import Engine, GenerationRequest, configure_torch, png_bytes
 from runner.refserver.memory import is_oom
-from runner.scoring import psnr
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 REFS = tuple(make_ref(i, (512, 384)) for i in range(4))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from runner.findings.oom import read_oom
+from runner.observe.oom import read_oom
 from runner.refserver.cli import build_parser, config_from_args
 from runner.refserver.engine import Engine, GenerationRequest, configure_torch
 from runner.refserver.memory import as_raised_by_allocator, is_oom

@@ -14,9 +14,9 @@ import pytest
 from rich.console import Console
 
 from runner.cli import invoked_as
-from runner.decision import Evidence, Latency, Verdict, World
-from runner.progress import ProgressView, column_widths, verdict_line
-from runner.records import Status
+from runner.core.records import Status
+from runner.judge.decision import Evidence, Latency, Verdict, World
+from runner.present.progress import ProgressView, column_widths, verdict_line
 
 from .test_plots import step
 
@@ -89,7 +89,7 @@ def test_a_start_failure_gives_its_reason_on_its_line() -> None:
 
 
 def test_verdict_line_says_the_reference_count_of_each_figure() -> None:
-    # the console line is the report table's summary (runner.verdict_text): each figure with its count
+    # the console line is the report table's summary (runner.judge.verdict_text): each figure with its count
     ev = Evidence(peak_bytes=int(7.36 * 2**20), peak_source="server-response", wall_s=0.84, psnr_db=100.0,
                   latency_ratio=1.34)
     lat = Latency(1.34, 1.2, 1.5, "default 'default' at 2 reference(s), both sides at 2", 0.47, (4, 4), 2)
@@ -118,8 +118,8 @@ def test_the_resume_command_is_the_program_as_invoked(tmp_path: Path, monkeypatc
 
 
 def test_a_start_failure_line_carries_the_servers_own_error() -> None:
-    from runner.execute import start_failure_line
-    from runner.records import Failure, FailureClass
+    from runner.core.records import Failure, FailureClass
+    from runner.run.execute import start_failure_line
 
     oom = Failure(kind=FailureClass.OOM_AT_LOAD, message="out of memory at load",
                   evidence=("2026-12-01 09:43:02,123 ERROR refserver: model load failed: CUDA out of memory. Tried to "

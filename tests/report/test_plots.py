@@ -9,11 +9,21 @@ import pytest
 from matplotlib.collections import LineCollection
 from matplotlib.patches import Rectangle
 
-from runner import plots
-from runner.findings.models import OomReport
-from runner.matrix import VerdictRules
-from runner.records import Failure, FailureClass, Peak, Sanity, Scores, ServerStart, SessionRecord, Status, StepRecord
-from runner.verdict import summarise
+from runner.core.records import (
+    Failure,
+    FailureClass,
+    OomReport,
+    Peak,
+    Sanity,
+    Scores,
+    ServerStart,
+    SessionRecord,
+    Status,
+    StepRecord,
+)
+from runner.judge.verdict import summarise
+from runner.plan.matrix import VerdictRules
+from runner.present import plots
 
 MIB = 2**20
 RULES = VerdictRules(target_references=2, max_latency_ratio=3.0, min_psnr_db=20, offload_roles=("offload",),

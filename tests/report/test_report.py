@@ -7,15 +7,15 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from runner.decision import Evidence, Verdict, World
-from runner.progress import verdict_line
-from runner.records import Failure, FailureClass, Peak, ServerStart, SessionRecord, Status
-from runner.report import write_report
-from runner.store import RunStore
-from runner.units import clip
-from runner.verdict import decide_all
-from runner.verdict_text import summary
-from runner.vocab import Role
+from runner.core.records import Failure, FailureClass, Peak, ServerStart, SessionRecord, Status
+from runner.core.units import clip
+from runner.core.vocab import Role
+from runner.judge.decision import Evidence, Verdict, World
+from runner.judge.verdict import decide_all
+from runner.judge.verdict_text import summary
+from runner.present.progress import verdict_line
+from runner.present.report import write_report
+from runner.run.store import RunStore
 
 from .test_plots import BROKEN, RULES, card_steps, never_started, step
 
@@ -114,7 +114,7 @@ def test_a_long_summary_is_clipped_at_words() -> None:
 def test_progress_memory_is_cleared_when_the_next_session_loads() -> None:
     from rich.console import Console
 
-    from runner.progress import ProgressView
+    from runner.present.progress import ProgressView
 
     view = ProgressView(Console(file=open("/dev/null", "w")), enabled=False)  # noqa: SIM115
     view.lane_started("gpu0", ("c", "d"), 4)

@@ -19,8 +19,8 @@ import pytest
 
 from runner.backends.base import Attempt, StartFailed
 from runner.backends.local import LocalServer
-from runner.matrix import ServerProfile
-from runner.plan import ServerPlan
+from runner.plan.lanes import ServerPlan
+from runner.plan.matrix import ServerProfile
 
 DECOY = Path(__file__).with_name("decoy.py")
 

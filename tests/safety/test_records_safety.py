@@ -16,13 +16,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from runner import runinfo, scoring, verdict
 from runner.backends.base import Attempt
 from runner.backends.local import LocalServer
-from runner.matrix import ServerProfile, VerdictRules, load_matrix
-from runner.plan import ServerPlan, make_plan
-from runner.records import Status, StepRecord
-from runner.store import RunStore, StoreError, atomic_write, inside
+from runner.core.records import Status, StepRecord
+from runner.judge import scoring, verdict
+from runner.plan.lanes import ServerPlan, make_plan
+from runner.plan.matrix import ServerProfile, VerdictRules, load_matrix
+from runner.present import runinfo
+from runner.run.store import RunStore, StoreError, atomic_write, inside
 
 SECRET = "hf_SeCrEt_0123456789"
 
@@ -142,7 +143,7 @@ def test_read_only_disk_is_one_store_error(tiny_disk: Path) -> None:
 
 
 def test_matrix_text_masking_survives_odd_toml(tmp_path: Path) -> None:
-    from runner.secrets import mask_text
+    from runner.core.secrets import mask_text
 
     text = textwrap.dedent(f'''
         [servers.a]
@@ -162,7 +163,7 @@ def test_cell_rescoring_keeps_the_requested_size_check(matrix_dir: Path, tmp_pat
     """A baseline cell of the same wrong size must not make a wrong-size image look served after the run."""
     import io
 
-    from runner.rescore import rescore_against_cell
+    from runner.run.rescore import rescore_against_cell
 
     path = matrix_dir / "matrix.toml"
     path.write_text(path.read_text() + '\n[baseline]\ncell = "small/default"\n')

@@ -23,14 +23,14 @@ from rich.console import Console
 
 from runner.backends.base import Attempt, ExitInfo, RunningServer, StartFailed
 from runner.backends.local import LocalServer
-from runner.execute import Baselines, References, RunContext, Served, SessionRunner
-from runner.matrix import ServerProfile, load_matrix
-from runner.plan import ServerPlan, make_plan
-from runner.progress import ProgressView
-from runner.records import FailureClass, Status, StepRecord
-from runner.store import RunStore
-from runner.verdict import decide_all
-from runner.verdict_text import summary
+from runner.core.records import FailureClass, Status, StepRecord
+from runner.judge.verdict import decide_all
+from runner.judge.verdict_text import summary
+from runner.plan.lanes import ServerPlan, make_plan
+from runner.plan.matrix import ServerProfile, load_matrix
+from runner.present.progress import ProgressView
+from runner.run.execute import Baselines, References, RunContext, Served, SessionRunner
+from runner.run.store import RunStore
 
 HOSTILE = Path(__file__).with_name("hostile.py")
 ROOT = Path(__file__).resolve().parents[2]

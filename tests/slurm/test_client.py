@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from runner.observe.scheduler import cluster_end
 from runner.slurm import client, parse
 from tests.slurm.conftest import wait_for
 
@@ -63,7 +64,7 @@ def test_a_step_cancelled_from_outside_leaves_slurmstepds_line_in_its_log(tag: s
         assert step.wait(timeout=30) != 0
     finally:
         step.kill()
-    end = parse.cluster_end(log.read_text())
+    end = cluster_end(log.read_text())
     assert end is not None and end.cause == "cancelled" and f"STEP {found[0].step_id}" in end.line
     assert client.job(job_id).state == "RUNNING", "cancelling a step must leave its allocation"
 

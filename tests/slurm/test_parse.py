@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from runner.observe.scheduler import cluster_end
 from runner.slurm import parse
 
 
@@ -54,9 +55,9 @@ def test_gres_lists_with_socket_affinity() -> None:
     ("srun: error: Node failure on vm", "node_failure"),
 ])
 def test_slurmstepd_end_lines(line: str, cause: str) -> None:
-    end = parse.cluster_end(f"INFO serving\n{line}\n")
+    end = cluster_end(f"INFO serving\n{line}\n")
     assert end is not None and end.cause == cause
-    assert parse.cluster_end("INFO serving\nERROR something else\n") is None
+    assert cluster_end("INFO serving\nERROR something else\n") is None
 
 
 def test_sbatch_and_scontrol_lines() -> None:
@@ -73,7 +74,7 @@ def test_local_slurm_example_is_local_toml_through_slurm() -> None:
     needed to check that)."""
     from pathlib import Path
 
-    from runner.matrix import load_matrix
+    from runner.plan.matrix import load_matrix
 
     examples = Path(__file__).resolve().parents[2] / "examples"
     slurm_m, local_m = load_matrix(examples / "local-slurm.toml"), load_matrix(examples / "local.toml")

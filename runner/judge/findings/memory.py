@@ -1,0 +1,124 @@
+"""The memory model of one card × flag set, a pure function of its records: the load peak; the peak per
+served reference count and a least-squares line through them (fixed working set + marginal bytes per
+reference, with the number of points and the worst residual); the peak predicted at the target and the
+shortfall (or headroom, negative) against the capacity that binds.
+
+The capacity that binds: the deciding OOM's own figure where its message has one — the per-process cap
+("… allowed") or else the GPU's total capacity — and otherwise the card's `vram_gib`. A per-process cap is
+PyTorch's allocator limit; when the peaks come from a whole-device source (NVML, dcgm, …), which counts the
+CUDA context too, the memory the OOM saw in use outside PyTorch's allocator is added to the cap, so peak and
+capacity measure the same thing.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from operator import attrgetter
+
+from runner.core.records import Failure, FailureClass, OomReport, Peak, SessionRecord, Status, StepRecord
+from runner.judge.findings.models import CountPeak, MemoryModel, OomFacts
+
+# Sources that read the whole device (runner.meters.reconcile.WHOLE_DEVICE; pure modules do not import meters).
+WHOLE_DEVICE = frozenset({"nvml", "sidecar", "dcgm", "prometheus"})
+
+
+def _device(peaks: tuple[Peak, ...], source: str | None = None) -> tuple[int, str] | None:
+    for p in peaks:
+        if p.metric == "device" and p.available and p.bytes is not None and source in (None, p.source):
+            return p.bytes, p.source
+    return None
+
+
+def load_peak(session: SessionRecord | None) -> int | None:
+    """The highest device reading while the last start loaded (first available source in meter order)."""
+    if session is None or not session.starts:
+        return None
+    found = _device(session.starts[-1].load_peaks)
+    return found[0] if found else None
+
+
+def deciding_oom(steps: list[StepRecord], session: SessionRecord | None, target: int) -> OomFacts | None:
+    """The OOM that decided a flag set, by the verdict's rule: an OOM at load, else the OOM a skip at the
+    target names (implied_by), else the first OOM at or below the target."""
+    if session is not None and (f := session.start_failure) is not None:
+        return _facts(session.key, None, f) if f.kind == FailureClass.OOM_AT_LOAD else None
+    mine = sorted(steps, key=attrgetter("references", "fixture", "seed"))
+    by_key = {s.key: s for s in mine}
+    named = [by_key[s.implied_by] for s in mine if s.references == target and s.implied_by in by_key]
+    oom = next((s for s in named + mine if s.references <= target and s.failure
+                and s.failure.kind == FailureClass.OOM), None)
+    return _facts(oom.key, oom.references, oom.failure) if oom is not None and oom.failure else None
+
+
+def _facts(record: str, references: int | None, failure: Failure) -> OomFacts:
+    o = failure.oom
+    if o is None:  # a record of an earlier runner, or an OOM kind without PyTorch's text (the kernel's killer)
+        return OomFacts(record=record, references=references, no_site="the failure record carries no OOM message "
+                                                                      "taken apart")
+    return OomFacts(record=record, references=references, memory=o.memory, site=o.site, function=o.function,
+                    tried_bytes=o.tried_bytes, allocated_bytes=o.allocated_bytes,
+                    reserved_unallocated_bytes=o.reserved_unallocated_bytes, in_use_bytes=o.in_use_bytes,
+                    capacity_bytes=o.binding_bytes, no_site=o.no_site)
+
+
+def fit(points: list[tuple[int, int]]) -> tuple[float, float, float]:
+    """Least squares peak = fixed + slope × references → (fixed, slope, worst |residual|)."""
+    xs, ys = [float(x) for x, _ in points], [float(y) for _, y in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    fixed = my - slope * mx
+    return fixed, slope, max(abs(y - (fixed + slope * x)) for x, y in zip(xs, ys, strict=True))
+
+
+def capacity(o: OomReport | None, source: str | None, card_bytes: int | None) -> tuple[int | None, str | None]:
+    if o is not None:
+        if o.allowed_bytes is not None:
+            if source in WHOLE_DEVICE and None not in (o.in_use_bytes, o.allocated_bytes,
+                                                      o.reserved_unallocated_bytes):
+                outside = max(o.in_use_bytes - o.allocated_bytes - o.reserved_unallocated_bytes, 0)
+                return o.allowed_bytes + outside, "oom-allowed"
+            return o.allowed_bytes, "oom-allowed"
+        if o.capacity_bytes is not None:
+            return o.capacity_bytes, "oom-total"
+    return (card_bytes, "card") if card_bytes else (None, None)
+
+
+def memory_model(steps: list[StepRecord], session: SessionRecord | None, target: int,
+                 card_bytes: int | None) -> MemoryModel:
+    """The model of one flag set's records on one card (steps of that flag set only)."""
+    oom = deciding_oom(steps, session, target)
+    failure_oom = _oom_report(steps, session, oom)
+    served = [s for s in steps if s.status == Status.OK]  # an image came back: its memory is real either way
+    sources = Counter(found[1] for s in served if (found := _device(s.peaks)))
+    source = sources.most_common(1)[0][0] if sources else None
+    by_count: dict[int, list[int]] = {}
+    for s in served:
+        if (found := _device(s.peaks, source)) is not None:
+            by_count.setdefault(s.references, []).append(found[0])
+    peaks = tuple(CountPeak(references=n, bytes=max(v), steps=len(v)) for n, v in sorted(by_count.items()))
+    cap, cap_source = capacity(failure_oom, source, card_bytes)
+    fixed = slope = worst = None
+    no_line = None
+    if len(peaks) >= 2:
+        fixed, slope, worst = (round(v) for v in fit([(p.references, p.bytes) for p in peaks]))
+    else:
+        no_line = f"{'one served reference count' if peaks else 'no served step'} with a device peak: no slope"
+    at_target = next((p.bytes for p in peaks if p.references == target), None)
+    predicted, how = (at_target, "measured") if at_target is not None else \
+        (fixed + slope * target, "line") if fixed is not None and slope is not None else (None, None)
+    return MemoryModel(source=source, load_peak_bytes=load_peak(session), peaks=peaks, target_references=target,
+                       predicted_peak_bytes=predicted, predicted_from=how, capacity_bytes=cap,
+                       capacity_source=cap_source,
+                       shortfall_bytes=None if predicted is None or cap is None else predicted - cap,
+                       oom=oom, fixed_bytes=fixed, per_reference_bytes=slope, points=len(peaks),
+                       worst_residual_bytes=worst, no_line=no_line)
+
+
+def _oom_report(steps: list[StepRecord], session: SessionRecord | None, oom: OomFacts | None) -> OomReport | None:
+    if oom is None:
+        return None
+    if session is not None and oom.record == session.key and session.start_failure is not None:
+        return session.start_failure.oom
+    step = next((s for s in steps if s.key == oom.record), None)
+    return step.failure.oom if step is not None and step.failure is not None else None

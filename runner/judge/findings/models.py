@@ -1,0 +1,146 @@
+"""The findings' records, declared once (pydantic v2, frozen, unknown keys refused): they are written into
+verdict.json (`findings`) and profiles.json, and their JSON Schema comes from these declarations. The OOM
+report a failure carries (`Failure.oom`) is a step record's part, declared in runner.core.records."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from runner.core.records import Record
+
+
+class CountPeak(Record):
+    references: int = Field(ge=0)
+    bytes: int = Field(ge=0, description="the highest device peak over the count's served steps")
+    steps: int = Field(ge=1, description="served steps at this count")
+
+
+class OomFacts(Record):
+    """The OOM that decided a flag set (at load, or the first in a request at or below the target)."""
+
+    record: str = Field(description="the deciding record: a step key, or the session key for a load OOM")
+    references: int | None = Field(default=None, description="the reference count; None at load")
+    memory: Literal["device", "host"] = Field(default="device", description="which memory ran out (host: the "
+                                                                            "kernel's OOM killer)")
+    site: str | None = None
+    function: str | None = None
+    tried_bytes: int | None = None
+    allocated_bytes: int | None = None
+    reserved_unallocated_bytes: int | None = None
+    in_use_bytes: int | None = None
+    capacity_bytes: int | None = Field(default=None, description="what bound: the per-process cap where the "
+                                                                 "message names one, else the GPU's total")
+    no_site: str | None = Field(default=None, description="why there is no site")
+
+
+class MemoryModel(Record):
+    """One card × flag set: load peak, the peak per served reference count, a least-squares line through
+    them (fixed working set + marginal bytes per reference), and the prediction at the target."""
+
+    source: str | None = Field(description="the memory source of the peaks (one source for the whole line)")
+    load_peak_bytes: int | None = None
+    peaks: tuple[CountPeak, ...] = ()
+    fixed_bytes: int | None = Field(default=None, description="the line's value at 0 references")
+    per_reference_bytes: int | None = Field(default=None, description="marginal bytes per reference (slope)")
+    points: int = Field(default=0, ge=0, description="served reference counts the line goes through")
+    worst_residual_bytes: int | None = None
+    no_line: str | None = Field(default=None, description="why there is no line (fewer than two served counts)")
+    target_references: int
+    predicted_peak_bytes: int | None = Field(default=None, description="at the target: measured where it was "
+                                                                       "served, else the line's value")
+    predicted_from: str | None = Field(default=None, description="'measured' or 'line'")
+    capacity_bytes: int | None = None
+    capacity_source: str | None = Field(default=None, description="'oom-allowed' (the OOM's per-process cap), "
+                                                                  "'oom-total' (the OOM's GPU total), 'card' "
+                                                                  "(the matrix's vram_gib)")
+    shortfall_bytes: int | None = Field(default=None, description="predicted peak minus capacity; negative = "
+                                                                  "headroom")
+    oom: OomFacts | None = None
+
+
+class FlagSetFindings(Record):
+    role: str
+    memory: MemoryModel
+
+
+class Functional(Record):
+    """Whether the reference path works at all, before memory is the question (the seed's scope item 1)."""
+
+    works: bool | None = Field(description="True: a request with references came back with a usable image "
+                                           "(sanity checks, minimum PSNR); False: requests with references "
+                                           "failed for a reason that is not memory, or every image was broken; "
+                                           "None: every failure was out of memory (memory is the question)")
+    record: str | None = Field(default=None, description="the first served step with references, or the "
+                                                         "failing record")
+    flags: str | None = None
+    references: int | None = None
+    server_says: str | None = Field(default=None, description="the server's own line, when it failed")
+    why: str | None = Field(default=None, description="what was wrong with the images that came back "
+                                                      "(broken output, PSNR under the minimum)")
+
+
+class ContributionSite(Record):
+    """A distinct OOM site that stopped default or offload flag sets: where a fix would go."""
+
+    site: str = Field(description="package-relative path:line")
+    function: str | None = None
+    flag_sets: tuple[str, ...]
+    references: tuple[int | None, ...] = Field(description="the count each flag set ran out at (None: at load)")
+    tried_bytes: tuple[int | None, ...] = Field(description="what each of those OOMs tried to allocate")
+
+
+class Fragmentation(Record):
+    """Two flag sets that differ only in allocator settings (PYTORCH_CUDA_ALLOC_CONF), their OOMs side by side."""
+
+    a: str
+    b: str
+    a_reserved_unallocated_bytes: int
+    b_reserved_unallocated_bytes: int
+    b_allocated_bytes: int | None = None
+    b_still_short: bool = Field(description="b ran out of memory too")
+
+
+class Findings(Record):
+    functional: Functional
+    contribution_sites: tuple[ContributionSite, ...] = ()
+    flag_sets: dict[str, FlagSetFindings] = Field(default={})
+    fragmentation: tuple[Fragmentation, ...] = ()
+    no_site_ooms: tuple[str, ...] = Field(default=(), description="deciding OOMs without a site (records)")
+
+
+PROFILES_VERSION = 1
+
+
+class ProfileEntry(Record):
+    flags: str
+    role: str
+    peak_bytes: int | None
+    peak_source: str | None
+    headroom_bytes: int | None = Field(description="capacity minus peak (the flag set's binding capacity)")
+    wall_s: float | None = Field(description="median over every timed send at this count")
+    psnr_db: float | None = Field(description="mean PSNR against the baseline; None for the baseline cell")
+    latency_ratio: float | None = Field(default=None, description="median over a default flag set's median "
+                                                                  "at the same count, where one served it")
+
+
+class CountProfile(Record):
+    references: int
+    serve: tuple[ProfileEntry, ...] = Field(description="flag sets serving this count within the quality and "
+                                                        "latency rules, fastest first")
+    excluded: dict[str, str] = Field(default={}, description="flag sets that served it but were too slow")
+
+
+class CardProfile(Record):
+    card: str
+    capacity_bytes: int | None
+    counts: tuple[CountProfile, ...]
+
+
+class Profiles(Record):
+    """profiles.json: per card and reference count, what a deployment or topology planner can use."""
+
+    run_id: str
+    schema_version: int = PROFILES_VERSION
+    cards: tuple[CardProfile, ...]

@@ -1,0 +1,295 @@
+"""The verdict's words, rendered in one place from the typed decision (runner.judge.verdict) and its findings:
+the full reason (verdict.json, report), each flag set's stop in a few words, the one-line summary the
+report's first table and the console share, and the Findings sentences of report.md.
+
+Pure; reads the typed records only, so console, report and compare say a flag set's stop the same way."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from runner.core.units import clip, fmt_bytes, fmt_s
+from runner.observe import quote
+from runner.observe.failures import without_stamp
+
+if TYPE_CHECKING:
+    from runner.judge.decision import Blocked, Cell, Decision, Verdict
+    from runner.judge.findings.models import Functional, MemoryModel, OomFacts
+    from runner.plan.matrix import VerdictRules
+
+SUMMARY_LIMIT = 300
+
+
+def label(b: Blocked) -> str:
+    return f"default '{b.flags}'" if b.role == "default" else f"offload '{b.flags}'"
+
+
+def wall(cell: Cell) -> str:
+    spread = (f" [{fmt_s(cell.wall_min_s)}–{fmt_s(cell.wall_max_s)}]" if cell.wall_samples > 1 else "")
+    return f"{fmt_s(cell.wall_s)} s/request{spread} (median of {cell.wall_samples})"
+
+
+def psnr(cell: Cell) -> str:
+    if cell.baseline:
+        return "the baseline cell (its images are the reference)"
+    return f"PSNR {cell.psnr_db} dB" if cell.psnr_db is not None else "no PSNR (no baseline image)"
+
+
+def reason(d: Decision, roles: dict[str, str], rules: VerdictRules) -> str:
+    """The whole reason: what decided the card and why each default and offload flag set did or did not."""
+    target = rules.target_references
+    counted = [b for b in d.stops if b.role == "default" or b.role in rules.offload_roles]
+    if d.world == "fits-resident" and d.cell is not None:
+        c = d.cell
+        return (f"default flag set '{d.flags}' serves {target} reference(s): peak {fmt_bytes(c.peak_bytes)} "
+                f"({c.peak_source}), {wall(c)}, {psnr(c)}")
+    if d.world == "offload-works" and d.cell is not None:
+        c = d.cell
+        defaults = [b for b in d.stops if b.role == "default"]
+        vs = ("; ".join(f"default '{b.flags}' does not serve it: {b.text()}" for b in defaults)
+              or "no default flag set in the matrix")
+        judged = d.latency.text() if d.latency is not None else \
+            "latency not judged (no reference: default served nothing, no baseline wall time)"
+        return (f"offload flag set '{d.flags}' serves {target} reference(s): peak {fmt_bytes(c.peak_bytes)} "
+                f"({c.peak_source}), host peak {fmt_bytes(c.host_peak_bytes)}, {wall(c)}, {judged}, {psnr(c)}; {vs}")
+    if d.world == "undecided":
+        unknown = [b for b in counted if b.stop == "unknown"]
+        decided = [f"{label(b)} stopped by {b.stop}: {b.text()}" for b in counted if b.stop not in ("unknown",
+                                                                                                  "served")]
+        return "cannot tell — " + "; ".join(f"{label(b)}: {b.text()}" for b in unknown) + "".join(
+            f"; {x}" for x in decided)
+    parts = [f"{label(b)}: {b.text()}" for b in counted]
+    if "default" not in roles.values():
+        parts.insert(0, "no default flag set")
+    if not any(r in rules.offload_roles for r in roles.values()):
+        parts.append("no offload flag set")
+    return "; ".join(parts)
+
+
+def _refs(n: int | None) -> str:
+    return f"{n} ref" if n == 1 else f"{n} refs"
+
+
+def stop_words(b: Blocked) -> str:
+    """A flag set's stop in a few words — the same on the console and in the report."""
+    n = b.references
+    oom = "host-memory OOM" if b.memory == "host" else "OOM"  # the kernel's OOM killer: not the card's memory
+    return {
+        "oom-at-load": f"{oom} at load",
+        "oom": f"{oom} at {_refs(n)}" + (f" ({b.detail})" if b.detail else ""),
+        "start": f"did not start ({b.detail})",
+        "broken": f"broken output from {_refs(n)}",
+        "low-psnr": f"{b.detail} from {_refs(n)}",
+        "slow": f"latency {b.detail}",
+        "straddles": f"latency {b.detail}",
+        "failure": f"{b.detail} at {_refs(n)}",
+        "skipped": f"skipped at {_refs(n)}",
+        "absent": (f"{b.detail}; " if b.detail else "") + f"{_refs(n)} not in the run",
+        "served": f"serves {_refs(n)}",
+    }.get(b.cause, b.stop.value)
+
+
+def summary(v: Verdict) -> str:
+    """The report table's "why" and the console line's body: the deciding flag set, then every other flag
+    set's stop in a few words ("default OOM at 3 refs; cpu-offload OOM at 3 refs; layerwise latency 2.71× >
+    2.5"). The evidence is below the table, in the card's section."""
+    head = []
+    ev = v.evidence
+    if v.flags and ev.peak_bytes is not None:
+        lat = v.latency
+        vs = "" if lat is None else f", {lat.ratio:.2f}× " + (
+            f"the baseline's recorded latency at {_refs(lat.references)}" if lat.reference.startswith("the baseline")
+            else f"the default's latency at {_refs(lat.references)}")
+        head.append(f"{v.flags} serves {_refs(v.target_references)} at peak {fmt_bytes(ev.peak_bytes)}, "
+                    f"{fmt_s(ev.wall_s)} s/request at {v.target_references}{vs}{_headroom(v) or ''}")
+    unknown = [b for b in v.stops if b.stop == "unknown"] if v.world == "undecided" else []
+    if unknown:  # what blocked it, its record and the server's own line first: the part a reader needs
+        head.append("cannot tell — " + "; ".join(
+            f"{b.flags} {stop_words(b)}" + (f" [{b.record}]" if b.record else "")
+            + (f": {clip(without_stamp(b.server_says[0]), 160)}" if b.server_says else "") for b in unknown))
+    head += [f"{b.flags} {stop_words(b)}" for b in v.stops if b not in unknown]
+    if not head:  # a verdict without typed stops (hand-built, or of an earlier runner)
+        return clip(v.reason, SUMMARY_LIMIT)
+    return clip("; ".join(head), SUMMARY_LIMIT)
+
+
+def _headroom(v: Verdict) -> str | None:
+    if v.findings is None or v.flags is None or v.flags not in v.findings.flag_sets:
+        return None
+    m = v.findings.flag_sets[v.flags].memory
+    if m.shortfall_bytes is None or m.shortfall_bytes > 0:
+        return None
+    return f", headroom {fmt_bytes(-m.shortfall_bytes)}"
+
+
+def console_line(v: Verdict) -> str:
+    head = f"{v.card}: {v.world}" + (f" ({v.flags})" if v.flags else "")
+    return f"{head} — {summary(v)}"
+
+
+def stops_text(stops: Sequence[Blocked]) -> str:
+    return "; ".join(f"{b.flags} {stop_words(b)}" for b in stops)
+
+
+# --- Findings: the seed's analysis, as sentences over the records --------------------------------------
+
+code, md = quote.code, quote.markdown  # report.md: what came from a record or a server renders as itself
+
+CAPACITY_WORDS = {"oom-allowed": "the per-process cap its OOM message states",
+                  "oom-total": "the GPU capacity its OOM message states", "card": "the card's vram"}
+
+
+def size(value: int | None) -> str:
+    """Bytes for a sentence: whole bytes and KiB below a MiB (an OOM's "193.00 KiB", a residual of 0 B), else
+    units.fmt_bytes (MiB, GiB) as the tables print them."""
+    if value is None:
+        return "?"
+    if abs(value) < 1024:
+        return f"{value} B"
+    if abs(value) < 2**20:
+        return f"{value / 1024:.2f} KiB"
+    return fmt_bytes(value)
+
+
+def _where(oom: OomFacts) -> str:
+    return "at load" if oom.references is None else f"at {_refs(oom.references)}"
+
+
+def _load_need(oom: OomFacts, capacity_source: str | None) -> tuple[int, str] | None:
+    """What a load OOM already held, on the capacity's own basis: under a per-process cap PyTorch's reserved
+    memory (allocated + reserved but unallocated) counts against it; against the GPU's total, the process's
+    whole use (non-PyTorch memory included)."""
+    if oom.tried_bytes is None or oom.capacity_bytes is None:
+        return None
+    if capacity_source == "oom-allowed":
+        if oom.allocated_bytes is None or oom.reserved_unallocated_bytes is None:
+            return None
+        return oom.allocated_bytes + oom.reserved_unallocated_bytes, "reserved by PyTorch"
+    return (oom.in_use_bytes, "in use") if oom.in_use_bytes is not None else None
+
+
+def _oom_sentence(flags: str, m: MemoryModel) -> str | None:
+    oom = m.oom
+    if oom is None:
+        return None
+    if oom.memory == "host":  # no allocator figures, and the card's memory line says nothing of it
+        return (f"It ran out of host memory {_where(oom)}: the kernel's OOM killer ended the server (the "
+                "container's memory limit or the machine's RAM), not device memory.")
+    parts = [f"tried to allocate {size(oom.tried_bytes)}"] if oom.tried_bytes is not None else []
+    if oom.allocated_bytes is not None:
+        parts.append(f"{size(oom.allocated_bytes)} allocated by PyTorch")
+    if oom.reserved_unallocated_bytes is not None:
+        parts.append(f"{size(oom.reserved_unallocated_bytes)} reserved but unallocated")
+    site = f" in {code(oom.site)} ({code(oom.function)})" if oom.site else f" (no site: {md(oom.no_site)})"
+    text = f"It ran out of memory {_where(oom)}{site}" + (": " + ", ".join(parts) if parts else "") + "."
+    if oom.references is None and (need := _load_need(oom, m.capacity_source)) is not None:
+        held, cap = need[0], oom.capacity_bytes or 0
+        text += (f" Loading needs at least {size(held + (oom.tried_bytes or 0))} ({size(held)} {need[1]} + "
+                 f"{size(oom.tried_bytes)}) against {size(cap)} usable: short by at least "
+                 f"{size(held + (oom.tried_bytes or 0) - cap)}.")
+    fixed, slope = m.fixed_bytes, m.per_reference_bytes
+    if oom.references is not None and fixed is not None and slope is not None and m.capacity_bytes is not None:
+        at_oom = fixed + slope * oom.references
+        if at_oom <= m.capacity_bytes:
+            margin = m.capacity_bytes - at_oom
+            text += (f" The line does not explain that OOM: it gives {size(at_oom)} at {_refs(oom.references)}, "
+                     f"{size(margin)} within {size(m.capacity_bytes)}")
+            ru = oom.reserved_unallocated_bytes
+            text += (f"; the {size(ru)} reserved but unallocated at the OOM is more than that margin: "
+                     f"fragmentation decided it." if ru is not None and ru > margin else
+                     "; the OOM's own figures are the evidence there.")
+    return text
+
+
+def flag_set_sentence(flags: str, role: str, m: MemoryModel) -> str:
+    """One flag set's memory in plain sentences: load, what one more reference costs, the target against
+    the capacity that binds, and the OOM that stopped it."""
+    out = [f"**{md(flags)}** ({md(role)}):"]
+    if m.load_peak_bytes is not None:
+        out.append(f"loads at {size(m.load_peak_bytes)};")
+    if m.peaks:
+        first, last = m.peaks[0], m.peaks[-1]
+        span = (f"peaks at {size(first.bytes)} with {_refs(first.references)}" if first is last else
+                f"peaks at {size(first.bytes)} with {_refs(first.references)} up to {size(last.bytes)} "
+                f"with {_refs(last.references)}")
+        out.append(f"{span} ({md(m.source)}).")
+    else:
+        out.append("no request came back with an image, so no peak per reference count.")
+    if m.per_reference_bytes is not None:
+        out.append(f"One more reference costs {size(m.per_reference_bytes)} (least squares over "
+                   f"{m.points} counts: fixed {size(m.fixed_bytes)}, worst residual "
+                   f"{size(m.worst_residual_bytes)}).")
+    elif m.peaks:
+        out.append(f"With {m.no_line}.")
+    if m.predicted_peak_bytes is not None and m.capacity_bytes is not None and m.shortfall_bytes is not None:
+        t = m.target_references
+        if m.predicted_from == "measured":
+            need = f"At {_refs(t)} it peaks at {size(m.predicted_peak_bytes)}"
+        else:
+            last = m.peaks[-1]
+            need = (f"At {_refs(t)} the line gives {size(m.predicted_peak_bytes)} "
+                    f"({size(last.bytes)} + {t - last.references} × {size(m.per_reference_bytes)})")
+        gap = (f"short by {size(m.shortfall_bytes)}" if m.shortfall_bytes > 0
+               else f"{size(-m.shortfall_bytes)} of headroom")
+        out.append(f"{need} against {size(m.capacity_bytes)} usable "
+                   f"({CAPACITY_WORDS.get(m.capacity_source or '', m.capacity_source)}): {gap}.")
+    if (said := _oom_sentence(flags, m)) is not None:
+        out.append(said)
+    return " ".join(out)
+
+
+def _functional(f: Functional) -> str:
+    if f.works:
+        return (f"The reference path works: {code(f.record)} ({md(f.flags)}, {_refs(f.references)}) was the first "
+                f"request with references to come back with a usable image.")
+    if f.works is False and f.server_says is None:
+        return (f"No request with references came back with a usable image: {code(f.record)} ({md(f.flags)}, "
+                f"{_refs(f.references)}) was the first to come back, {md(f.why)}.")
+    if f.works is False:
+        return (f"Requests with references fail before memory is the question: {code(f.record)} ({md(f.flags)}, "
+                f"{_refs(f.references)}); the server says {code(clip(f.server_says or '', 200))}.")
+    return ("No request with references came back with an image, and every failure was out of memory: "
+            "whether the reference path works is not known on this card.")
+
+
+def _sites(v: Verdict) -> list[str]:
+    assert v.findings is not None
+    out = []
+    for c in v.findings.contribution_sites:
+        who = ", ".join(f"{md(f)} {'at load' if n is None else 'at ' + _refs(n)}"
+                        + (f" (tried {size(t)})" if t is not None else "")
+                        for f, n, t in zip(c.flag_sets, c.references, c.tried_bytes, strict=True))
+        out.append(f"- {code(c.site)} in {code(c.function)} stopped {who}.")
+    return out
+
+
+def findings_lines(v: Verdict) -> list[str]:
+    """report.md's Findings for one card: plain sentences with the numbers, every one from the records."""
+    f = v.findings
+    if f is None:
+        return []
+    lines = [_functional(f.functional), ""]
+    order = [x for x in [v.flags, *(b.flags for b in v.stops)] if x and x in f.flag_sets]
+    lines += [f"- {flag_set_sentence(x, f.flag_sets[x].role, f.flag_sets[x].memory)}" for x in order]
+    sites = _sites(v)
+    if v.world == "not-built":
+        lines += ["", "Where a fix would go (the distinct OOM sites that stopped its default and offload flag "
+                      "sets):" if sites else "No contribution site: no default or offload flag set was stopped "
+                      "by an OOM whose traceback has a server frame" + (f" ({md(', '.join(f.no_site_ooms))})"
+                                                                        if f.no_site_ooms else "") + "."]
+        lines += sites
+    elif sites:
+        lines += ["", "OOM sites that stopped its other default and offload flag sets:", *sites]
+    if f.fragmentation:
+        lines.append("")
+    for fr in f.fragmentation:
+        a_ru, b_ru = fr.a_reserved_unallocated_bytes, fr.b_reserved_unallocated_bytes
+        tail = (f"; still short with {size(fr.b_allocated_bytes)} allocated" if fr.b_still_short
+                and fr.b_allocated_bytes is not None else "; still short" if fr.b_still_short
+                else f"; '{md(fr.b)}' did not run out at or below the target")
+        moved = (f"took reserved-but-unallocated memory at the OOM from {size(a_ru)} to {size(b_ru)}" if a_ru != b_ru
+                 else f"left reserved-but-unallocated memory at the OOM at {size(a_ru)}")
+        verdict = "fragmentation was part of the problem" if a_ru > b_ru else "fragmentation was not the problem"
+        lines.append(f"- Allocator settings only: '{md(fr.b)}' against '{md(fr.a)}' {moved} ({verdict}){tail}.")
+    return lines

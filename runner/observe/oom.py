@@ -1,0 +1,105 @@
+"""PyTorch's CUDA out-of-memory message → numbers (pure).
+
+The wordings this reads (each field is looked for on its own, so a shortened or older message yields the
+fields it has and leaves the others absent):
+- torch ≥ 2.2: "CUDA out of memory. Tried to allocate 480.00 MiB. GPU 0 has a total capacity of 139.80 GiB
+  of which 134.92 GiB is free. Including non-PyTorch memory, this process has 4.87 GiB memory in use.
+  [4.49 GiB allowed; ]Of the allocated memory 3.96 GiB is allocated by PyTorch, and 246.14 MiB is reserved
+  by PyTorch but unallocated. If reserved but unallocated memory is large try setting
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True …" ("allowed" appears under a memory-fraction cap);
+- torch 2.1: the same with "total capacty" and "Process 1234 has … memory in use" (one such clause per
+  process on the GPU: which one is this process is not said, so in-use stays absent unless "this process"
+  is named);
+- torch < 2.1: "CUDA out of memory. Tried to allocate 36.00 MiB (GPU 0; 7.93 GiB total capacity; 130.35 MiB
+  already allocated; 47.06 MiB free; 188.00 MiB reserved in total by PyTorch)": reserved-but-unallocated is
+  derived as reserved in total minus already allocated;
+- vLLM-Omni's HTTP 500 bodies ("Image generation failed: CUDA out of memory. Tried to allocate …"), the
+  message cut or split over several log lines (a worker-process prefix on each).
+"""
+
+from __future__ import annotations
+
+import re
+
+from runner.core.records import OomReport
+from runner.observe.traceback import SERVER_PACKAGES, oom_traceback, site_of, strip_prefix
+
+SIZE = r"(\d+(?:\.\d+)?)\s*(bytes|KiB|MiB|GiB|TiB|B|KB|MB|GB|TB)"
+UNITS = {"bytes": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+         "kb": 2**10, "mb": 2**20, "gb": 2**30, "tb": 2**40}  # torch's "MB" (< 1.10) meant MiB too
+START = re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory", re.IGNORECASE)
+MESSAGE_LIMIT = 1000
+
+FIELDS: dict[str, tuple[re.Pattern[str], ...]] = {
+    "tried_bytes": (re.compile(r"Tried to allocate " + SIZE, re.I),),
+    "capacity_bytes": (re.compile(r"total capac(?:i)?ty of " + SIZE, re.I),
+                       re.compile(SIZE + r" total capacity", re.I)),
+    "free_bytes": (re.compile(r"of which " + SIZE + r" is free", re.I), re.compile(r";\s*" + SIZE + r" free\b", re.I)),
+    "in_use_bytes": (re.compile(r"this process has " + SIZE + r" memory in use", re.I),),
+    "allowed_bytes": (re.compile(SIZE + r" allowed\s*;", re.I),),
+    "allocated_bytes": (re.compile(SIZE + r" is allocated by PyTorch", re.I),
+                        re.compile(SIZE + r" already allocated", re.I)),
+    "reserved_unallocated_bytes": (re.compile(SIZE + r" is reserved by PyTorch but unallocated", re.I),),
+}
+RESERVED_TOTAL = re.compile(SIZE + r" reserved in total by PyTorch", re.I)
+
+
+def to_bytes(number: str, unit: str) -> int:
+    return round(float(number) * UNITS[unit.lower()])
+
+
+def _first(patterns: tuple[re.Pattern[str], ...], text: str) -> int | None:
+    for pattern in patterns:
+        if m := pattern.search(text):
+            return to_bytes(m.group(1), m.group(2))
+    return None
+
+
+def last_message(text: str) -> str | None:
+    """The last OOM message in a text, its lines joined without worker prefixes (vLLM splits the message
+    over lines), from its start up to the next OOM message or MESSAGE_LIMIT characters."""
+    lines = [strip_prefix(line).strip() for line in text.splitlines()]
+    joined = " ".join(line for line in lines if line)
+    starts = [m.start() for m in START.finditer(joined)]
+    if not starts:
+        return None
+    # "torch.OutOfMemoryError: CUDA out of memory": one message, two matches; start at the last message's
+    # first match (a match within 40 characters of the one before belongs to it)
+    begin = starts[-1]
+    for s in reversed(starts[:-1]):
+        if begin - s > 40:
+            break
+        begin = s
+    while begin > 0 and (joined[begin - 1].isalnum() or joined[begin - 1] in "._"):  # torch.OutOfMemoryError
+        begin -= 1
+    return joined[begin:begin + MESSAGE_LIMIT]
+
+
+def parse_message(message: str) -> dict[str, int | None]:
+    """The numbers in one OOM message; None for each one it does not carry."""
+    found = {name: _first(patterns, message) for name, patterns in FIELDS.items()}
+    allocated = found["allocated_bytes"]
+    m = RESERVED_TOTAL.search(message)  # torch < 2.1: reserved in total, not its unallocated part
+    if found["reserved_unallocated_bytes"] is None and allocated is not None and m:
+        found["reserved_unallocated_bytes"] = max(to_bytes(m.group(1), m.group(2)) - allocated, 0)
+    return found
+
+
+def read_oom(*, body: str = "", log: str = "", own: tuple[str, ...] = SERVER_PACKAGES) -> OomReport | None:
+    """An OOM's numbers and site from what the runner saw: the server log of the window (the full message and
+    the traceback) and the response body (often a shortened message). Each field comes from the log where it
+    has it, else from the body. None when neither has an OOM message."""
+    from_log, from_body = last_message(log), last_message(body)
+    if from_log is None and from_body is None:
+        return None
+    fields = {k: None for k in FIELDS}
+    for message in (from_body, from_log):  # the log wins where both carry a field
+        if message is not None:
+            fields.update({k: v for k, v in parse_message(message).items() if v is not None})
+    found = oom_traceback(log)
+    if found is None:
+        site, function, frames, no_site = None, None, (), "no traceback in the server log of the window"
+    else:
+        site, function, frames, no_site = site_of(found[0], own)
+    return OomReport(message=from_log or from_body or "", source="server log" if from_log else "response body",
+                     site=site, function=function, frames=frames, no_site=no_site, **fields)

@@ -1,0 +1,143 @@
+"""The server's Python traceback in a log window → its frames and the OOM site (pure).
+
+Logs are read as they are: each line may carry a worker-process prefix (`(EngineCore_0 pid=4242) `,
+`(DiffusionWorker pid=4243) `) and lines of other processes may sit between a traceback's lines; a
+traceback's lines are followed per prefix, so an interleaved line of another process neither ends nor joins
+it. The traceback read is the last one whose exception is an out-of-memory error.
+
+The site rule (docs/results.md): the site is the innermost frame of the server's own code, where a frame is
+the server's own when
+1. it is not the Python standard library (`…/lib/python3.X/…` outside site-packages, `<frozen …>`),
+2. its package is not a framework the server calls (FRAMEWORKS: torch, triton, … — their frames show how an
+   allocation was made, not where the server asked for it), and
+3. it is inside one of the server's packages (SERVER_PACKAGES, however installed: a wheel in site-packages or
+   an editable clone), or outside any site-packages/dist-packages folder (a clone or a script the server
+   runs from source: the server's code by where it lives). Third-party packages installed in site-packages
+   (diffusers, transformers, vllm under vLLM-Omni) are not the server's code.
+A traceback with no such frame (all torch frames, say) has no site: it says "no server frame", keeping its
+innermost frames as evidence, rather than naming a library's line as the place for a fix.
+
+Paths are shortened to the package-relative form: from inside site-packages, else from the innermost
+server or framework package folder (`…/src/vllm-omni/vllm_omni/diffusion/models/utils.py` →
+`vllm_omni/diffusion/models/utils.py`), else kept whole.
+"""
+
+from __future__ import annotations
+
+import re
+
+from runner.core.records import Frame
+
+# What the runner knows as the servers it drives: vLLM-Omni and the reference server (package `runner`).
+SERVER_PACKAGES = ("vllm_omni", "runner")
+FRAMEWORKS = ("torch", "torchvision", "torchaudio", "triton", "functorch", "numpy", "accelerate", "safetensors",
+              "xformers", "flash_attn", "bitsandbytes", "torchao")
+CALLERS_KEPT = 3
+
+PREFIX = re.compile(r"^\((?P<who>[A-Za-z][\w.-]*(?: [\w.-]+)*? pid=\d+)\)\s?")
+FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)')
+START = re.compile(r"^\s*Traceback \(most recent call last\):")
+EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Fault|OutOfMemory)\b")
+CARETS = re.compile(r"^\s*[\^~\s]+$")
+OOM = re.compile(r"out of memory|OutOfMemory", re.IGNORECASE)
+SITE_DIRS = ("site-packages", "dist-packages")
+STDLIB = re.compile(r"/lib/python\d+(\.\d+)?/")
+
+
+def strip_prefix(line: str) -> str:
+    return PREFIX.sub("", line, count=1)
+
+
+def split_prefix(line: str) -> tuple[str, str]:
+    m = PREFIX.match(line)
+    return (m.group("who"), line[m.end():]) if m else ("", line)
+
+
+class _Block:
+    def __init__(self) -> None:
+        self.frames: list[tuple[str, int, str, str | None]] = []
+        self.exception: str | None = None
+        self.expect_code = False
+
+
+def tracebacks(text: str) -> list[tuple[list[tuple[str, int, str, str | None]], str]]:
+    """Every complete traceback in a log excerpt: (frames outermost first as (path, line, function, code),
+    the exception line), followed per process prefix."""
+    open_: dict[str, _Block] = {}
+    done: list[tuple[list[tuple[str, int, str, str | None]], str]] = []
+    for raw in text.splitlines():
+        who, line = split_prefix(raw.rstrip("\r"))
+        if START.match(line):
+            open_[who] = _Block()
+            continue
+        block = open_.get(who)
+        if block is None:
+            continue
+        if m := FRAME.match(line):
+            block.frames.append((m["path"], int(m["line"]), m["function"], None))
+            block.expect_code = True
+        elif block.expect_code and line.startswith("    ") and not CARETS.match(line):
+            path, number, function, _ = block.frames[-1]
+            block.frames[-1] = (path, number, function, line.strip()[:200])
+            block.expect_code = False
+        elif CARETS.match(line) and line.strip():
+            continue
+        elif EXCEPTION.match(line.strip()) and not line.startswith(" "):
+            done.append((block.frames, line.strip()[:400]))
+            del open_[who]
+        else:
+            block.expect_code = False  # a line of another kind (an interleaved log line of this process)
+    return done
+
+
+def _parts(path: str) -> list[str]:
+    return [p for p in path.replace("\\", "/").split("/") if p]
+
+
+def package_path(path: str, own: tuple[str, ...] = SERVER_PACKAGES) -> tuple[str, str | None]:
+    """(package-relative path, its top package or None): from inside site-packages, else from a known
+    package's folder, else the path whole."""
+    parts = _parts(path)
+    for d in SITE_DIRS:  # installed: the package is the folder inside site-packages
+        if d in parts:
+            rest = parts[len(parts) - parts[::-1].index(d):]
+            return "/".join(rest), rest[0] if len(rest) > 1 else None
+    known = (*own, *FRAMEWORKS)
+    for i in range(len(parts) - 2, -1, -1):  # a clone: the innermost known package folder (…/vllm_omni/…)
+        if parts[i] in known:
+            return "/".join(parts[i:]), parts[i]
+    return path, None
+
+
+def is_own(path: str, own: tuple[str, ...] = SERVER_PACKAGES) -> bool:
+    if path.startswith("<"):  # <frozen importlib._bootstrap>, <string>
+        return False
+    _, package = package_path(path, own)
+    if package in own:
+        return True
+    if package in FRAMEWORKS:
+        return False
+    parts = _parts(path)
+    if any(d in parts for d in SITE_DIRS):
+        return False
+    return not STDLIB.search(path.replace("\\", "/"))
+
+
+def site_of(frames: list[tuple[str, int, str, str | None]], own: tuple[str, ...] = SERVER_PACKAGES
+            ) -> tuple[str | None, str | None, tuple[Frame, ...], str | None]:
+    """(site, function, evidence frames innermost first, why no site) for a traceback's frames."""
+    made = [Frame(path=package_path(p, own)[0], line=n, function=f, code=c, own=is_own(p, own))
+            for p, n, f, c in frames]
+    inner_first = made[::-1]
+    at = next((i for i, fr in enumerate(inner_first) if fr.own), None)
+    if at is None:
+        return None, None, tuple(inner_first[:CALLERS_KEPT + 1]), "no server frame"
+    site = inner_first[at]
+    callers = [fr for fr in inner_first[at + 1:] if fr.own][:CALLERS_KEPT]
+    return f"{site.path}:{site.line}", site.function, (site, *callers), None
+
+
+def oom_traceback(text: str) -> tuple[list[tuple[str, int, str, str | None]], str] | None:
+    """The last traceback in a log excerpt whose exception is an out-of-memory error."""
+    found = [tb for tb in tracebacks(text) if OOM.search(tb[1])]
+    return found[-1] if found else None

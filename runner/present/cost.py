@@ -1,0 +1,237 @@
+"""What a run cost, and what the next one will: pure functions of the records.
+
+- `card_costs`: per card the GPU-busy time (every server start, from start to stop: the card is not its
+  owner's meanwhile), starts, load time, sends made, sends saved by implied OOMs and against `repeats = 2`,
+  and the moment the card's verdict was known (replayed from the send times: the earliest moment after which
+  the verdict of what had been recorded by then, with every step not yet recorded counted as not run, no
+  longer changed) against the moment the run ended. The report ends with it.
+- `estimate`: `runner plan MATRIX --estimate-from RUN`: the expected GPU time per lane of a plan, from an
+  earlier run's load time per session and sends and time per send per cell.
+The "known at" moment is found by bisection over the send times (docs/results.md says what that assumes).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from runner.core.records import SendTime, SessionRecord, Status, StepRecord
+from runner.core.units import fmt_s
+from runner.plan.lanes import Plan
+from runner.plan.matrix import VerdictRules
+
+
+def sends_of(r: StepRecord) -> tuple[SendTime, ...]:
+    """Every send of a step; records written before `sends` existed: rebuilt from their timed samples (plus
+    the sends the request counted), back to back from `started_at`."""
+    if r.sends or r.status == Status.SKIPPED or r.started_at is None:
+        return r.sends
+    walls = list(r.wall_samples_s or ((r.wall_s,) if r.wall_s is not None else ()))
+    n = max(int(r.request.get("sends", len(walls) or 1)), len(walls), 1)
+    walls += [walls[0] if walls else (r.wall_s or 0.0)] * (n - len(walls))
+    out, t = [], r.started_at
+    for i, w in enumerate(walls):
+        out.append(SendTime(started_at=t, wall_s=w, timed=i < len(r.wall_samples_s or ())))
+        t += w
+    return tuple(out)
+
+
+def _end(s: SendTime) -> float:
+    return s.started_at + s.wall_s
+
+
+@dataclass(frozen=True)
+class CardCost:
+    card: str
+    starts: int
+    gpu_busy_s: float  # Σ over server starts of stop − start
+    load_s: float  # Σ over server starts of the time to ready
+    sends: int
+    send_s: float  # Σ of every send's wall time
+    saved_by_implied: int  # steps an OOM decided without sending (each would have been one send)
+    saved_vs_repeats_2: int  # what `repeats = 2` would have sent for the same steps, less what was sent
+    world: str
+    known_at: float | None  # epoch seconds; None: never reached a world
+    started_at: float
+    ended_at: float
+
+
+def _start_end(start: Any, fallback: float) -> float:
+    return start.stopped_at if start.stopped_at is not None else fallback
+
+
+def card_costs(steps: Sequence[StepRecord], sessions: Sequence[SessionRecord], rules: VerdictRules,
+               run_started: float, run_ended: float | None, baseline_wall_s: float | None = None) -> list[CardCost]:
+    from runner.judge.verdict import decide  # verdict pulls the statistics; the plan estimate needs none of it
+
+    last = max((_end(s) for r in steps for s in sends_of(r)), default=run_started)
+    ended = run_ended or last
+    out = []
+    for card in dict.fromkeys(r.card for r in steps):
+        mine = [r for r in steps if r.card == card]
+        own_sessions = [s for s in sessions if s.card == card]
+        starts = [st for s in own_sessions for st in s.starts]
+        sent = [r for r in mine if r.status != Status.SKIPPED]
+        final = decide(card, mine, own_sessions, rules, baseline_wall_s)
+        out.append(CardCost(
+            card=card, starts=len(starts),
+            gpu_busy_s=sum(max(0.0, _start_end(st, ended) - st.started_at) for st in starts),
+            load_s=sum(st.ready_s or 0.0 for st in starts),
+            sends=sum(len(sends_of(r)) for r in sent), send_s=sum(s.wall_s for r in sent for s in sends_of(r)),
+            saved_by_implied=sum(1 for r in mine if r.status == Status.SKIPPED and r.implied_by),
+            saved_vs_repeats_2=sum((2 if r.status == Status.OK or len(r.wall_samples_s) else 1) - len(sends_of(r))
+                                   for r in sent),
+            world=final.world.value,
+            known_at=_known_at(card, mine, own_sessions, rules, baseline_wall_s, final.world.value),
+            started_at=run_started, ended_at=ended))
+    return out
+
+
+def _visible_at(r: StepRecord, by_key: dict[str, StepRecord], sessions: dict[str, SessionRecord]) -> float | None:
+    """When a step's outcome was first on record: its first send answered; an implied skip with its OOM; a
+    skip for a failed start with that start's end; None for a skip that was never decided (interrupted)."""
+    if r.status != Status.SKIPPED:
+        sends = sends_of(r)
+        return _end(sends[0]) if sends else None
+    if r.implied_by and r.implied_by in by_key and by_key[r.implied_by].status != Status.SKIPPED:
+        return _visible_at(by_key[r.implied_by], by_key, sessions)
+    session = sessions.get(f"{r.card}/{r.flags}")
+    if session is not None and session.start_failure is not None and session.starts:
+        st = session.starts[-1]
+        return st.stopped_at or st.started_at
+    return None
+
+
+def _as_of(r: StepRecord, t: float, seen: float | None) -> StepRecord:
+    """A step as its record stood at time t: not yet run, or with the timed samples answered by then."""
+    if seen is None or seen > t:
+        return r.model_copy(update={"status": Status.SKIPPED, "skip_reason": "not yet run", "implied_by": None,
+                                    "failure": None, "scores": None, "wall_samples_s": (), "sends": ()})
+    if r.status != Status.OK or not r.sends:
+        return r
+    timed = [s for s in r.sends if s.timed]
+    done = max(1, sum(1 for s in timed if _end(s) <= t))
+    return r.model_copy(update={"wall_samples_s": r.wall_samples_s[:done]})
+
+
+def _known_at(card: str, steps: list[StepRecord], sessions: list[SessionRecord], rules: VerdictRules,
+              baseline_wall_s: float | None, world: str) -> float | None:
+    from runner.judge.decision import World
+    from runner.judge.verdict import decide
+
+    if world == World.UNDECIDED:
+        return None
+    by_key = {r.key: r for r in steps}
+    by_session = {s.key: s for s in sessions}
+    seen = {r.key: _visible_at(r, by_key, by_session) for r in steps}
+    moments = sorted({t for t in seen.values() if t is not None}
+                     | {_end(s) for r in steps for s in r.sends if s.timed})
+
+    def settled(t: float) -> bool:
+        now = [_as_of(r, t, seen[r.key]) for r in steps]
+        started = [s for s in sessions if s.starts and s.starts[0].started_at <= t]
+        return decide(card, now, started, rules, baseline_wall_s).world == world
+
+    # Bisection over the moments (a verdict takes ~ms, a run has hundreds of moments): a card's verdict
+    # moves from undecided to its world once, as steps arrive; one that changed back and forth is dated at
+    # one of its changes.
+    low, high = 0, len(moments) - 1
+    if high < 0 or not settled(moments[high]):
+        return None
+    while low < high:
+        mid = (low + high) // 2
+        if settled(moments[mid]):
+            high = mid
+        else:
+            low = mid + 1
+    return moments[low]
+
+
+def cost_lines(costs: Sequence[CardCost]) -> list[str]:
+    """The report's closing section."""
+    if not costs:
+        return []
+    t0, end = costs[0].started_at, max(c.ended_at for c in costs)
+    lines = ["## What the run cost", "",
+             "| card | GPU busy | server starts (load) | sends (time) | saved: implied by an OOM | saved vs "
+             "`repeats = 2` | verdict known at | run ended at |", "|---|---|---|---|---|---|---|---|"]
+    for c in costs:
+        known = "– (undecided)" if c.known_at is None else f"{_clock(c.known_at - t0)} ({c.world})"
+        lines.append(f"| {c.card} | {_clock(c.gpu_busy_s)} | {c.starts} ({fmt_s(c.load_s)} s) | {c.sends} "
+                     f"({fmt_s(c.send_s)} s) | {c.saved_by_implied} | {c.saved_vs_repeats_2} | {known} | "
+                     f"{_clock(end - t0)} |")
+    lines += ["", f"{sum(c.sends for c in costs)} sends in all; {sum(c.saved_by_implied for c in costs)} not "
+              f"made because an OOM implied their steps (each would have been one send: an OOM ends a step at "
+              f"its first send), {sum(c.saved_vs_repeats_2 for c in costs)} fewer than `repeats = 2` would have "
+              "made for the same steps (negative: more). GPU busy is every server start from start to stop; "
+              "\"verdict known at\" is the moment after which the verdict of what was on record by then no "
+              "longer changed (times from the run's start).", ""]
+    return lines
+
+
+def _clock(seconds: float) -> str:
+    s = max(0, round(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+# -- the plan's estimate from an earlier run ------------------------------------------------------------------
+@dataclass(frozen=True)
+class LaneEstimate:
+    lane: str
+    starts: float
+    sends: float
+    gpu_s: float
+    guessed: int  # sessions without a counterpart in the earlier run (priced at its means)
+
+
+def estimate(plan: Plan, steps: Iterable[StepRecord], sessions: Iterable[SessionRecord]) -> list[LaneEstimate]:
+    """Per lane: Σ over sessions of starts × load time + Σ over cells of sends × time per send, each figure the
+    earlier run's for the same card/flags (cell: same references), scaled to the plan's steps per cell. A
+    session or cell the earlier run lacks is priced at that run's mean load time, one send per step at its
+    mean time per send."""
+    steps, sessions = list(steps), list(sessions)
+    by_session = {s.key: s for s in sessions}
+    loads = [st.ready_s for s in sessions for st in s.starts if st.ready_s]
+    mean_load = statistics.fmean(loads) if loads else 0.0
+    walls = [x.wall_s for r in steps for x in sends_of(r)]
+    mean_send = statistics.fmean(walls) if walls else 0.0
+    cells: dict[tuple[str, str, int], list[StepRecord]] = {}
+    for r in steps:
+        cells.setdefault((r.card, r.flags, r.references), []).append(r)
+    out = []
+    for lane in plan.lanes:
+        starts = sends = gpu = 0.0
+        guessed = 0
+        for s in lane.sessions:
+            prior = by_session.get(s.key)
+            own = [st.ready_s for st in prior.starts if st.ready_s] if prior else []
+            n_starts = len(prior.starts) if prior and prior.starts else 1
+            guessed += prior is None
+            starts += n_starts
+            gpu += n_starts * (statistics.fmean(own) if own else mean_load)
+            for n in sorted({st.references for st in s.steps}):
+                planned = sum(1 for st in s.steps if st.references == n)
+                earlier = cells.get((s.card, s.flags, n))
+                if earlier:
+                    made = [x for r in earlier for x in sends_of(r)]
+                    per_step = len(made) / len(earlier)
+                    each = statistics.fmean(x.wall_s for x in made) if made else mean_send
+                else:
+                    per_step, each = 1.0, mean_send
+                sends += planned * per_step
+                gpu += planned * per_step * each
+        out.append(LaneEstimate(lane.name, starts, sends, gpu, guessed))
+    return out
+
+
+def estimate_lines(estimates: Sequence[LaneEstimate], source: str) -> list[str]:
+    lines = [f"expected GPU time from {source} (starts × load time + sends × time per send, per cell):"]
+    for e in estimates:
+        guess = f"; {e.guessed} session(s) not in that run, priced at its means" if e.guessed else ""
+        lines.append(f"  lane {e.lane}: {e.starts:.0f} start(s), {e.sends:.0f} send(s), {_clock(e.gpu_s)}{guess}")
+    if estimates:
+        lines.append(f"  run: {_clock(max(e.gpu_s for e in estimates))} (lanes in parallel), "
+                     f"{_clock(sum(e.gpu_s for e in estimates))} of GPU time in all")
+    return lines

@@ -1,0 +1,60 @@
+"""Run events: what the executor tells the outside world (progress bars, live metrics). Listeners import
+this module, never the executor, so the dependency points one way: execute → events ← progress/exporter."""
+
+from __future__ import annotations
+
+from runner.core.records import StepRecord
+
+
+class Events:
+    """No-ops by default; a listener overrides what it shows."""
+
+    def lane_started(self, lane: str, cards: tuple[str, ...], total_steps: int) -> None: ...
+    def session_started(self, card: str, flags: str, attempt: int) -> None: ...
+    def waiting(self, card: str, text: str) -> None:
+        """The card's lane waits for something outside the runner (a Slurm allocation): why, in words."""
+    # ready_s None: the server did not start; `why` then says why (failure class and the server's own line)
+    def session_ready(self, card: str, flags: str, ready_s: float | None, why: str | None = None) -> None: ...
+    def step_done(self, record: StepRecord) -> None: ...
+    def topup_done(self, record: StepRecord) -> None: ...  # a recorded step got more sends (repeats = auto)
+    def memory(self, card: str, device_bytes: int | None) -> None: ...
+    def lane_done(self, lane: str) -> None: ...
+
+
+class Fanout(Events):
+    """Several listeners as one."""
+
+    def __init__(self, *listeners: Events) -> None:
+        self.listeners = listeners
+
+    def lane_started(self, lane: str, cards: tuple[str, ...], total_steps: int) -> None:
+        for x in self.listeners:
+            x.lane_started(lane, cards, total_steps)
+
+    def session_started(self, card: str, flags: str, attempt: int) -> None:
+        for x in self.listeners:
+            x.session_started(card, flags, attempt)
+
+    def waiting(self, card: str, text: str) -> None:
+        for x in self.listeners:
+            x.waiting(card, text)
+
+    def session_ready(self, card: str, flags: str, ready_s: float | None, why: str | None = None) -> None:
+        for x in self.listeners:
+            x.session_ready(card, flags, ready_s, why)
+
+    def step_done(self, record: StepRecord) -> None:
+        for x in self.listeners:
+            x.step_done(record)
+
+    def topup_done(self, record: StepRecord) -> None:
+        for x in self.listeners:
+            x.topup_done(record)
+
+    def memory(self, card: str, device_bytes: int | None) -> None:
+        for x in self.listeners:
+            x.memory(card, device_bytes)
+
+    def lane_done(self, lane: str) -> None:
+        for x in self.listeners:
+            x.lane_done(lane)

@@ -1,0 +1,67 @@
+"""What is left to do, as a pure function of the plan and the records.
+
+A step is done when it was attempted (ok or failed) or decided without sending: skipped as implied by a
+recorded OOM, or its session's server ran out of memory at load (not retried: an OOM at load stays one).
+A request cut by a stop from outside (the server SIGTERMed, its engine gone) and steps
+skipped for a passing reason (run interrupted, restart budget used, GPU held by someone else, a
+start failure that is not memory) are to do again. Resume, the banner and the progress totals all use this.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from runner.core.records import FailureClass, SessionRecord, Status, StepRecord
+from runner.plan.lanes import Lane, Plan, Session
+
+
+@dataclass(frozen=True)
+class Pending:
+    lanes: tuple[Lane, ...]  # the plan's lanes with only the sessions and steps still to do
+    planned_sessions: int
+    planned_steps: int
+
+    @property
+    def sessions(self) -> tuple[Session, ...]:
+        return tuple(s for lane in self.lanes for s in lane.sessions)
+
+    @property
+    def steps(self) -> int:
+        return sum(len(s.steps) for s in self.sessions)
+
+
+def step_done(record: StepRecord) -> bool:
+    """Attempted, or decided without sending; a request cut by a stop from outside (FailureClass.STOPPED)
+    measured nothing and is to do again."""
+    if record.failure is not None and record.failure.kind == FailureClass.STOPPED:
+        return False
+    return record.status != Status.SKIPPED or record.implied_by is not None
+
+
+def oom_at_load(session: SessionRecord | None) -> bool:
+    failure = session.start_failure if session else None
+    return failure is not None and failure.kind == FailureClass.OOM_AT_LOAD
+
+
+def pending(plan: Plan, steps: Iterable[StepRecord], sessions: Iterable[SessionRecord]) -> Pending:
+    done = {r.key for r in steps if step_done(r)}
+    decided = {s.key for s in sessions if oom_at_load(s)}
+    lanes = []
+    for lane in plan.lanes:
+        todo = tuple(replace(s, steps=left) for s in lane.sessions if s.key not in decided
+                     if (left := tuple(st for st in s.steps if st.key not in done)))
+        if todo:
+            lanes.append(Lane(lane.name, tuple(dict.fromkeys(s.card for s in todo)), todo))
+    return Pending(tuple(lanes), len(plan.sessions), len(plan.steps))
+
+
+def without_cards(todo: Pending, cards: Iterable[str]) -> Pending:
+    """What is left once these cards are set aside for this invocation (their steps stay for a resume)."""
+    drop = set(cards)
+    lanes = []
+    for lane in todo.lanes:
+        kept = tuple(s for s in lane.sessions if s.card not in drop)
+        if kept:
+            lanes.append(Lane(lane.name, tuple(c for c in lane.cards if c not in drop), kept))
+    return Pending(tuple(lanes), todo.planned_sessions, todo.planned_steps)

@@ -1,0 +1,256 @@
+"""The run directory: every record is written atomically the moment it exists, so a kill loses nothing
+already measured. A step's path is its resume key.
+
+results/<run-id>/run.json, verdict.json, report.md, plots/
+results/<run-id>/<card>/<flags>/session.json, server.log, memory.csv
+results/<run-id>/<card>/<flags>/refs-<n>/<fixture>-seed-<s>.json (+ .png)
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from runner.core.errors import UserError
+from runner.core.records import Record, RecordError, SessionRecord, StepRecord, load
+
+R = TypeVar("R", bound=Record)
+
+
+class Series(Protocol):
+    """A memory series as the store writes it (runner.meters.base.Series is one); the store does not pull
+    the meters package, and with it httpx, in."""
+
+    source: str
+    metric: str
+    t: tuple[float, ...]
+    value: tuple[int, ...]
+
+
+class StoreError(UserError):
+    """The results folder cannot take a record (disk full, read-only, removed): the run stops; every record
+    written before stays as it is (each was written atomically)."""
+
+
+def inside(root: Path, relative: str) -> Path:
+    """root/relative, refused unless it stays inside root: names become paths, and a path built from them
+    must never leave the run folder (names are validated at load; this is the last line of defence)."""
+    path = root / relative
+    base = os.path.abspath(root)
+    if os.path.commonpath([base, os.path.abspath(path)]) != base or ".." in Path(relative).parts:
+        raise ValueError(f"refusing a record path outside the run folder {root}: {relative!r}")
+    return path
+
+
+def _current_umask() -> int:
+    mask = os.umask(0o022)  # read once, at import (before any lane thread exists): umask is process-wide
+    os.umask(mask)
+    return mask
+
+
+# One policy for the whole run folder (docs/results.md): the mode an ordinary new file gets under the umask, as
+# report.md, the plots and the server logs get it. mkstemp alone would leave the records at 0600.
+FILE_MODE = 0o666 & ~_current_umask()
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    except OSError as exc:
+        raise _store_error(path, exc) from None
+    try:
+        os.fchmod(fd, FILE_MODE)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise _store_error(path, exc) from None
+        raise
+
+
+def _store_error(path: Path, exc: OSError) -> StoreError:
+    return StoreError(f"cannot write {path}: {exc.strerror or exc}; the run stopped there, and every record "
+                      f"finished before it is kept")
+
+
+def write_json(path: Path, doc: Any) -> None:
+    atomic_write(path, (json.dumps(doc, indent=2, sort_keys=False) + "\n").encode())
+
+
+class BadRecord(ValueError):
+    """A file where a record should be that is not one (empty, truncated, not JSON, wrong shape)."""
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """A record file's JSON object, or BadRecord saying in words what is wrong with it."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise BadRecord(f"cannot read it: {exc.strerror}") from None
+    if not data.strip():
+        raise BadRecord(f"empty ({len(data)} bytes)")
+    try:
+        doc = json.loads(data)
+    except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
+        raise BadRecord(f"not valid JSON ({getattr(exc, 'msg', exc)}; {len(data)} bytes, truncated?)") from None
+    if not isinstance(doc, dict):
+        raise BadRecord(f"not a JSON object (a {type(doc).__name__})")
+    return doc
+
+
+class RunStore:
+    """Reads skip a file that is not a readable record, with one warning line naming it (once per file): one
+    bad file must not make a run unresumable or unreportable. A step that was skipped is simply pending again
+    (a resume writes it anew); a step record counts only where its key matches its path, so a copied file
+    (`… (copy).json`) is never counted twice."""
+
+    def __init__(self, root: Path, warn: Any = None) -> None:
+        self.root = root
+        self._warn = warn or (lambda line: print(line, file=sys.stderr))
+        self._warned: set[str] = set()
+        self._memory_t: dict[tuple[str, int], dict[tuple[str, str], float]] = {}  # last t written per series
+
+    def skipped(self, path: Path, why: str) -> None:
+        line = f"runner: warning: skipping {path}: {why}"
+        if line not in self._warned:
+            self._warned.add(line)
+            self._warn(line)
+
+    def _load(self, path: Path, model: type[R]) -> R | None:
+        """The record in `path`, migrated to the current form (runner.core.records.load), or None after one line
+        naming the file and what is wrong (`field: value: problem`)."""
+        try:
+            return load(model, read_record(path))
+        except BadRecord as exc:
+            self.skipped(path, str(exc))
+        except RecordError as exc:
+            self.skipped(path, f"not a record of this runner: {str(exc)[:300]}")
+        return None
+
+    def step_path(self, key: str) -> Path:
+        return inside(self.root, f"{key}.json")
+
+    def session_dir(self, session_key: str) -> Path:
+        return inside(self.root, session_key)
+
+    def write_run(self, doc: dict[str, Any]) -> None:
+        write_json(self.root / "run.json", doc)
+
+    def write_step(self, record: StepRecord, png: bytes | None = None) -> None:
+        if png is not None:
+            atomic_write(inside(self.root, f"{record.key}.png"), png)
+        write_json(self.step_path(record.key), record.model_dump(mode="json"))
+
+    def write_verdicts(self, verdicts: list[dict[str, Any]]) -> None:
+        write_json(self.root / "verdict.json", {"run_id": self.load_run()["run_id"], "verdicts": verdicts})
+
+    def write_profiles(self, doc: dict[str, Any]) -> None:
+        """profiles.json beside verdict.json (runner.judge.findings.profiles)."""
+        write_json(self.root / "profiles.json", doc)
+
+    def write_session(self, record: SessionRecord) -> None:
+        write_json(self.session_dir(record.key) / "session.json", record.model_dump(mode="json"))
+
+    def write_memory(self, session_key: str, series: Iterable[Series], attempt: int) -> None:
+        """memory.csv: one row per sample (t, attempt, source, metric, bytes) of every server start. The first
+        write of an attempt replaces that attempt's rows (earlier starts' rows are kept); later writes of a
+        running start append only the samples newer than the last written one of each series, so a 4-hour
+        session is never rewritten whole every flush. A kill mid-append leaves at most one partial last line,
+        which readers skip."""
+        path = self.session_dir(session_key) / "memory.csv"
+        done = self._memory_t.get((session_key, attempt))
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        last: dict[tuple[str, str], float] = dict(done or {})
+        for s in series:
+            newer = last.get((s.source, s.metric), float("-inf"))
+            for t, v in zip(s.t, s.value, strict=True):
+                if t > newer:
+                    writer.writerow((f"{t:.4f}", attempt, s.source, s.metric, v))
+            if s.t:
+                last[(s.source, s.metric)] = max(newer, s.t[-1])
+        if done is None:
+            header = "t,attempt,source,metric,bytes\n"
+            old = path.read_text(errors="replace").splitlines(keepends=True)[1:] if path.exists() else []
+            kept = [line for line in old if line.endswith("\n") and line.split(",", 2)[1:2] != [str(attempt)]]
+            atomic_write(path, (header + "".join(kept) + out.getvalue()).encode())
+        elif out.tell():
+            try:
+                with path.open("a") as f:
+                    f.write(out.getvalue())
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError as exc:
+                raise _store_error(path, exc) from None
+        self._memory_t[(session_key, attempt)] = last
+
+    def load_steps(self) -> list[StepRecord]:
+        records = []
+        for path in sorted(self.root.glob("*/*/refs-*/*.json")):
+            record = self._load(path, StepRecord)
+            if record is None:
+                continue
+            relative = path.relative_to(self.root).with_suffix("").as_posix()
+            if record.key != relative:
+                self.skipped(path, f"its key {record.key!r} is not its path (a copy?); not counted")
+                continue
+            records.append(record)
+        return records
+
+    def load_sessions(self) -> list[SessionRecord]:
+        out = []
+        for path in sorted(self.root.glob("*/*/session.json")):
+            record = self._load(path, SessionRecord)
+            if record is not None and record.key == path.parent.relative_to(self.root).as_posix():
+                out.append(record)
+            elif record is not None:
+                self.skipped(path, f"its key {record.key!r} is not its folder (a copy?); not counted")
+        return out
+
+    def load_session(self, session_key: str) -> SessionRecord | None:
+        path = self.session_dir(session_key) / "session.json"
+        return self._load(path, SessionRecord) if path.exists() else None
+
+    def load_run(self) -> dict[str, Any]:
+        """run.json is the run's identity (its matrix, inputs, id): unreadable, it ends the command with one
+        line naming it (UserError), never a traceback."""
+        path = self.root / "run.json"
+        try:
+            doc = read_record(path)
+        except BadRecord as exc:
+            raise UserError(f"{path}: {exc}; the run cannot be checked against its matrix (restore the file "
+                            f"or start a new run)") from None
+        missing = [k for k in ("run_id", "matrix") if k not in doc]
+        if missing or not isinstance(doc["matrix"], dict) or "text" not in doc["matrix"]:
+            raise UserError(f"{path}: not a run.json of this runner (missing {', '.join(missing) or 'matrix.text'})")
+        return doc
+
+    def read_png(self, key: str) -> bytes | None:
+        path = self.root / f"{key}.png"
+        return path.read_bytes() if path.exists() else None
+
+
+def load_memory(path: Path) -> list[tuple[float, int, str, str, int]]:
+    """memory.csv's rows; a row that is not one (a kill mid-append, an edit) is left out."""
+    if not path.exists():
+        return []
+    rows = []
+    with path.open(errors="replace", newline="") as f:
+        for r in csv.DictReader(f):
+            try:
+                rows.append((float(r["t"]), int(r["attempt"]), str(r["source"]), str(r["metric"]), int(r["bytes"])))
+            except (KeyError, TypeError, ValueError):
+                continue
+    return rows
