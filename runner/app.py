@@ -284,7 +284,8 @@ def _run(opened: Opened, command: list[str], progress: bool, metrics_port: int |
         from runner.present.exporter import RunExporter
 
         try:
-            exporter = RunExporter(opened.run_id, metrics_port)
+            exporter = RunExporter(opened.run_id, metrics_port, capacities={
+                name: round(card.vram_gib * 2**30) for name, card in opened.matrix.cards.items()})
         except OSError as exc:
             raise UserError(f"--metrics-port {metrics_port}: cannot listen on 127.0.0.1: {exc.strerror}") \
                 from None

@@ -137,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run in RUN_DIR")
     run.add_argument("--no-progress", action="store_true", help="no live bars, only one line per step")
     run.add_argument("--metrics-port", type=int, metavar="PORT",
-                     help="serve the run's live metrics for Prometheus on 127.0.0.1:PORT (monitoring/ uses 9450)")
+                     help="serve the run's live metrics for Prometheus on 127.0.0.1:PORT/metrics (monitoring/ uses "
+                     "9450) and a live page of each card's memory and step at http://127.0.0.1:PORT/")
     run.add_argument("--skip-unreachable", action="store_true",
                      help="carry on without a card whose Docker host, sidecar, dcgm-exporter or Prometheus does not "
                      "answer in preflight (one line says so; its steps are left for --resume); without it such a "

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The real components the integration tests drive: Docker Engine (started here), Prometheus and sshd
-# binaries (the tests start their own instances on 127.0.0.1), debootstrap for the offline base image, and a
+# binaries (the tests start their own instances on 127.0.0.1), headless Chromium (the live page's browser
+# test), debootstrap for the offline base image, and a
 # one-node Slurm (munge, slurmctld, slurmd: scripts/slurm-local.sh) for the slurm backend.
 # Debian packages only; needs root.
 set -euo pipefail
@@ -9,6 +10,9 @@ command -v dockerd >/dev/null || need+=(docker.io)
 command -v prometheus >/dev/null || need+=(prometheus)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v debootstrap >/dev/null || need+=(debootstrap)
+# headless Chromium + its driver: the live page's browser test (tests/meters/test_dashboard_live.py)
+command -v chromium >/dev/null || need+=(chromium)
+command -v chromedriver >/dev/null || need+=(chromium-driver)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null

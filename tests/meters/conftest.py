@@ -30,8 +30,8 @@ def prometheus(tmp_path: Path) -> Iterator[type[PrometheusServer]]:
         pytest.skip("the prometheus binary is missing (Debian: apt-get install -y prometheus)")
     made: list[PrometheusServer] = []
 
-    def make(targets: list[str], scrape_s: float = 1.0) -> PrometheusServer:
-        p = PrometheusServer(tmp_path, targets, scrape_s)
+    def make(targets: list[str], scrape_s: float = 1.0, jobs: dict[str, list[str]] | None = None) -> PrometheusServer:
+        p = PrometheusServer(tmp_path, targets, scrape_s, jobs)
         made.append(p)
         return p
 

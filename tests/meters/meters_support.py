@@ -99,17 +99,20 @@ class ReplayExporter:
 
 
 class PrometheusServer:
-    def __init__(self, tmp: Path, targets: list[str], scrape_s: float = 1.0) -> None:
+    def __init__(self, tmp: Path, targets: list[str], scrape_s: float = 1.0,
+                 jobs: dict[str, list[str]] | None = None) -> None:
+        """`targets` for one job `dcgm`, or `jobs`: job name → its targets (the names monitoring/ uses)."""
         self.port = free_port()
         config = tmp / "prometheus.yml"
+        jobs = jobs if jobs is not None else {"dcgm": targets}
         config.write_text(
             "global:\n"
             f"  scrape_interval: {round(scrape_s * 1000)}ms\n"
             f"  scrape_timeout: {round(scrape_s * 1000)}ms\n"
             "scrape_configs:\n"
-            "  - job_name: dcgm\n"
-            "    static_configs:\n"
-            f"      - targets: [{', '.join(repr(t) for t in targets)}]\n"
+            + "".join(f"  - job_name: {name}\n"
+                      "    static_configs:\n"
+                      f"      - targets: [{', '.join(repr(t) for t in tt)}]\n" for name, tt in jobs.items())
         )
         self.log = (tmp / "prometheus.log").open("wb")
         self.proc = subprocess.Popen(

@@ -118,3 +118,23 @@ def test_promtool_accepts_config() -> None:
     result = subprocess.run(["promtool", "check", "config", str(MONITORING / "prometheus.yml")],
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+GRAFANA_LATEST_SCHEMA = 42  # LATEST_VERSION of Grafana's apps/dashboard/pkg/migration/schemaversion (2025)
+
+
+def test_dashboard_is_in_grafanas_current_schema() -> None:
+    """schemaVersion is Grafana's latest, and honestly so: nothing in the file is what the migrations since
+    the file's former 39 rewrite (v40: a non-string refresh; v41: timepicker.time_options; v42: a hideFrom.viz
+    override without tooltip; v43, on Grafana's main: formatTime transformations) — Grafana loads it as is."""
+    dashboard = json.loads((MONITORING / "grafana-vram-dashboard.json").read_text())
+    assert dashboard["schemaVersion"] == GRAFANA_LATEST_SCHEMA
+    assert isinstance(dashboard["refresh"], str)
+    assert "time_options" not in dashboard.get("timepicker", {})
+    for p in dashboard["panels"]:
+        for o in p.get("fieldConfig", {}).get("overrides", []):
+            for prop in o.get("properties", []):
+                if prop.get("id") == "custom.hideFrom" and prop.get("value", {}).get("viz"):
+                    assert prop["value"].get("tooltip"), p["title"]
+        assert all(t.get("id") != "formatTime" for t in p.get("transformations", [])), p["title"]
+        assert p["type"] in {"stat", "timeseries"}, f"{p['title']}: {p['type']} (no Angular panel types)"
