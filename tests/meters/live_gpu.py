@@ -22,6 +22,7 @@ from runner.meters.gpu import GpuInfo, GpuProcess, MemorySample
 
 MIB = 1 << 20
 UUID = "GPU-7e3a1c55-0b2d-4f6e-9a41-5d8c2b0e9f17"
+RESERVED_MIB = 1  # the driver's share of the emulated card, as FB_RESERVED reports it: used + free + reserved = total
 
 
 class RefserverSource:
@@ -99,8 +100,9 @@ class DcgmShapedExporter:
             used = 0
         with self._lock:
             n = len(self.collected)
-            fields = {"DCGM_FI_DEV_FB_USED": used, "DCGM_FI_DEV_FB_FREE": self.total_mib - used,
-                      "DCGM_FI_DEV_FB_RESERVED": 0, "DCGM_FI_DEV_GPU_UTIL": round(100 * used / self.total_mib),
+            fields = {"DCGM_FI_DEV_FB_USED": used, "DCGM_FI_DEV_FB_FREE": self.total_mib - RESERVED_MIB - used,
+                      "DCGM_FI_DEV_FB_RESERVED": RESERVED_MIB,
+                      "DCGM_FI_DEV_GPU_UTIL": round(100 * used / self.total_mib),
                       "DCGM_FI_DEV_POWER_USAGE": round(60 + (n % 40) * 2.5, 3)}
             self.collected.append((time.time(), fields))
 

@@ -1,5 +1,6 @@
-"""monitoring/: every dashboard query names a metric that dcgm-exporter or the runner really exports, and
-prometheus.yml scrapes both (checked by promtool when it is installed)."""
+"""monitoring/: every dashboard query names a metric that dcgm-exporter or the runner really exports, the
+dashboard is in Grafana's current schema, and prometheus.yml scrapes both (checked by promtool when it is
+installed). That each query draws the run's values is test_dashboard_live.py's (a real Prometheus, a real run)."""
 
 from __future__ import annotations
 
