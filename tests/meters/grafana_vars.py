@@ -5,9 +5,9 @@ Grafana's rules, as its Prometheus data source applies them (public/app/plugins/
 - a multi-value / include-All variable: "All" becomes its allValue (".*" here); selected values are
   regex-escaped and joined as (a|b) — the dashboard matches them with =~;
 - $__range (to − from, in whole seconds, "Ns"), $__range_s, $__range_ms;
-- $__interval: range / max data points, never below the data source's min interval (its `timeInterval`,
-  1s in the role's provisioned data source); $__rate_interval = max($__interval + scrape interval,
-  4 × scrape interval);
+- $__interval: range / max data points, rounded as Grafana rounds it (rangeutil.roundInterval), never below
+  the data source's min interval (its `timeInterval`, 1s in the role's provisioned data source);
+  $__rate_interval = max($__interval + scrape interval, 4 × scrape interval);
 - `$name`, `${name}` and `[[name]]` are the same reference.
 A reference to a variable the dashboard does not declare stays in the text in Grafana (and fails there as
 bad PromQL); here it is an error naming it, so a typo is caught before Prometheus is asked.
@@ -37,7 +37,20 @@ class TimeRange:
 
     @property
     def interval_s(self) -> float:
-        return max(self.min_interval_s, self.range_s / self.max_data_points)
+        return max(self.min_interval_s, round_interval(self.range_s / self.max_data_points))
+
+
+# Grafana's rangeutil.roundInterval: (upper bound, interval), seconds; beyond the last bound a year.
+_ROUNDING = ((0.010, 0.001), (0.015, 0.010), (0.035, 0.020), (0.075, 0.050), (0.150, 0.100), (0.350, 0.200),
+             (0.750, 0.500), (1.5, 1), (3.5, 2), (7.5, 5), (12.5, 10), (17.5, 15), (25, 20), (45, 30),
+             (90, 60), (210, 120), (450, 300), (750, 600), (1050, 900), (1500, 1200), (2700, 1800),
+             (5400, 3600), (8100, 7200), (16200, 10800), (32400, 21600), (86400, 43200), (604800, 86400),
+             (1814400, 604800), (3628800, 2592000))
+
+
+def round_interval(seconds: float) -> float:
+    """The raw interval rounded the way Grafana rounds $__interval (78.5 s → 1m)."""
+    return next((to for bound, to in _ROUNDING if seconds <= bound), 31536000)
 
 
 def duration(seconds: float) -> str:

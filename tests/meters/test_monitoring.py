@@ -139,3 +139,20 @@ def test_dashboard_is_in_grafanas_current_schema() -> None:
                     assert prop["value"].get("tooltip"), p["title"]
         assert all(t.get("id") != "formatTime" for t in p.get("transformations", [])), p["title"]
         assert p["type"] in {"stat", "timeseries"}, f"{p['title']}: {p['type']} (no Angular panel types)"
+
+
+def test_variables_resolve_as_grafana_does() -> None:
+    from grafana_vars import TimeRange, resolve, variable_query
+
+    dashboard = json.loads((MONITORING / "grafana-vram-dashboard.json").read_text())
+    tr = TimeRange(1000.0, 1600.0)  # 10 min: $__interval 1 s (the data source's min), rate 4 × scrape
+    q = 'max_over_time(X{UUID=~"$gpu"}[$__range]) + rate(Y[$__rate_interval]) + Z[${__interval}]'
+    assert resolve(q, dashboard, tr, {"gpu": None}) == 'max_over_time(X{UUID=~".*"}[600s]) + rate(Y[4s]) + Z[1s]'
+    assert resolve('X{UUID=~"$gpu"}', dashboard, tr, {"gpu": ["GPU-a.b"]}) == r'X{UUID=~"GPU-a\.b"}'
+    assert resolve('X{UUID=~"[[gpu]]"}', dashboard, tr, {"gpu": ["a", "b"]}) == 'X{UUID=~"(a|b)"}'
+    assert resolve("rate(Y[$__rate_interval])", dashboard, TimeRange(0, 86400.0), {}) == "rate(Y[61s])"
+    with pytest.raises(ValueError, match=r"\$gpus is no variable"):
+        resolve('X{UUID=~"$gpus"}', dashboard, tr, {})
+    for _, target in ((p, t) for p in dashboard["panels"] for t in p["targets"]):  # every query resolves
+        assert "$" not in resolve(target["expr"], dashboard, tr, {"gpu": None})
+    assert [variable_query(v) for v in dashboard["templating"]["list"]] == [("DCGM_FI_DEV_FB_USED", "UUID")]
