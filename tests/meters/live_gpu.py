@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
+from meters_support import metrics_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from runner.meters.base import SourceUnavailable, run_at_rate
@@ -68,26 +68,7 @@ class DcgmShapedExporter:
         self._thread = threading.Thread(target=run_at_rate, args=(self._stop, 1 / interval_s, self._collect),
                                         daemon=True)
         self._thread.start()
-        exporter = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = exporter.render().encode()
-                try:
-                    self.send_response(200)
-                    self.send_header("Content-Type", "text/plain; version=0.0.4")
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # a scraper that gave up (timeout under load) is not this endpoint's error
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.httpd = metrics_server(self.render)
 
     @property
     def target(self) -> str:

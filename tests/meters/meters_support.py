@@ -9,6 +9,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -38,6 +39,30 @@ def _set(text: str, metric: str, gpu: str, value: str) -> str:
     return pattern.sub(lambda m: f"{m.group(1)} {value}", text)
 
 
+def metrics_server(render: Callable[[], str]) -> ThreadingHTTPServer:
+    """An exporter on a free 127.0.0.1 port answering every GET with render()'s exposition text."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = render().encode()
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # a scraper that gave up (its timeout, under load) is not the exporter's error
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd
+
+
 class ReplayExporter:
     """Serves the recorded dcgm-exporter scrape with GPU 0's FB values taken from a series.
 
@@ -53,23 +78,7 @@ class ReplayExporter:
         self._lock = threading.Lock()
         self._t0 = time.monotonic()
         self.stopped = False
-        exporter = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = exporter.render().encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.httpd = metrics_server(self.render)
 
     @property
     def url(self) -> str:
