@@ -227,3 +227,7 @@ def test_every_matrix_key_is_described() -> None:
                 walk(value, f"{where}.{key}")
 
     walk(json.loads(MATRIX_SCHEMA.read_text()), "schema")
+
+
+def test_runner_schema_writes_to_the_published_folder_by_default() -> None:
+    assert schemas.FOLDER == PUBLISHED.parent
