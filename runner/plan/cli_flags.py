@@ -62,7 +62,7 @@ def release_of(profile: ServerProfile) -> tuple[str, str] | None:
 def spelled(arg: str) -> str:
     """The flag an argument names, as `vllm serve` reads it (`--a_b.c=1` -> `--a-b`)."""
     name = arg.partition("=")[0]
-    head, dot, _ = name[2:].partition(".")
+    head = name[2:].partition(".")[0]
     return "--" + head.replace("_", "-") if name.startswith("--") else name
 
 

@@ -5,11 +5,10 @@ measured nothing (fault zero-peak), and takes today's flag spellings, mapped ont
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 
 import httpx
 import pytest
-from collections.abc import Callable
-
 from refserver_helpers import STEPS, Server, chat_body, chat_pngs
 
 from runner.refserver.cli import build_parser, config_from_args
