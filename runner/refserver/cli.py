@@ -115,6 +115,15 @@ def add_current_spellings(ap: argparse.ArgumentParser) -> None:
                                                      "(vLLM-Omni's diffusion stages: 1)")
 
 
+def not_imitated(args: argparse.Namespace) -> list[str]:
+    """The accepted flags of today's vLLM-Omni that change nothing here, as given."""
+    given = {"--diffusion-kv-cache-dtype": args.diffusion_kv_cache_dtype,
+             "--cache-backend": None if args.cache_backend in (None, "none") else args.cache_backend,
+             "--cache-config": args.cache_config, "--vae-use-slicing": args.vae_use_slicing or None,
+             "--vae-use-tiling": args.vae_use_tiling or None, "--max-num-seqs": args.max_num_seqs}
+    return [flag if value is True else f"{flag} {value}" for flag, value in given.items() if value is not None]
+
+
 def _json_object(text: str) -> dict[str, object]:
     try:
         value = json.loads(text)
@@ -196,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     setup_logging(config.log_level)
     log.info("refserver starting: %s", " ".join(sys.argv if argv is None else ["refserver", *argv]))
+    if ignored := not_imitated(args):
+        log.info("accepted, not imitated (vLLM-Omni flags this server has no mechanism for): %s", ", ".join(ignored))
     if config.faults.load_fail:
         log.error("fault load-fail: model load failed on purpose; exiting with code %d before binding",
                   EXIT_LOAD_FAIL)

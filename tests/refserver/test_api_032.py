@@ -108,3 +108,12 @@ def test_not_json_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         build_parser().parse_args(["--diffusion-offload-config", "mode=layer"])
     assert exc.value.code == 2 and "not JSON" in capsys.readouterr().err
+
+
+def test_the_flags_without_a_mechanism_are_named_in_the_log_line() -> None:
+    from runner.refserver.cli import not_imitated
+
+    args = build_parser().parse_args(["--cache-backend", "tea_cache", "--vae-use-tiling", "--max-num-seqs", "1",
+                                      "--enable-cpu-offload"])
+    assert not_imitated(args) == ["--cache-backend tea_cache", "--vae-use-tiling", "--max-num-seqs 1"]
+    assert not_imitated(build_parser().parse_args(["--cache-backend", "none"])) == []
