@@ -64,10 +64,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from runner.plan import cli_flags
     from runner.plan.lanes import describe, make_plan
     from runner.plan.matrix import load_matrix
 
     matrix = load_matrix(args.matrix, check_files=False)
+    cli_flags.check(matrix)
     plan = make_plan(matrix)
     print(describe(plan, matrix))
     if args.estimate_from:

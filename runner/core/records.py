@@ -83,7 +83,8 @@ class OomReport(Record):
 # 2: implied_by, wall_samples_s, schema_version; a start may be open (stopped_at null) after a kill
 # 3: server_peak_mb -> server_peak_mib + server_peak_source + server_peak_measures; failure references_dropped
 # (3 also: sends, added with a default: records of 3 without it have no send times)
-SCHEMA_VERSION = 3
+# 4: server_stage_durations_s (a default: a record of 3 reads with none)
+SCHEMA_VERSION = 4
 
 
 def _schema_extra(*, required: tuple[str, ...] = (), rules: dict[str, Any] | None = None
@@ -230,6 +231,10 @@ class StepRecord(Record):
     server_peak_mib: float | None = None
     server_peak_source: str | None = None
     server_peak_measures: Literal["reserved", "unspecified"] | None = None
+    server_stage_durations_s: dict[str, float] = Field(
+        default_factory=dict, description="the server's own seconds per stage of the first answered send "
+                                          "(vLLM-Omni's metrics.stage_durations, asked for with "
+                                          "return_stage_metrics): the denoise time apart from the HTTP wall time")
     peaks: tuple[Peak, ...] = ()
     scores: Scores | None = None
     deterministic: bool | None = Field(default=None, description="the request sent again (repeats / first-step "

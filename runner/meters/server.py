@@ -83,6 +83,9 @@ class ServerMetricsMeter(PolledMeter):
         except Exception as exc:  # a meter never takes the run down
             return Peak(source=self.source, metric=self.metric, bytes=None, samples=0, rate_hz=None, available=False,
                         reason=f"no reading after the request: {exc}")
+        if after == 0:  # vLLM-Omni sets it from `peak or 0.0`: a worker that measured nothing reports 0
+            return Peak(source=self.source, metric=self.metric, bytes=None, samples=1, rate_hz=None, available=False,
+                        reason="unavailable: the server reported 0.0 (not measured)")
         with self._lock:
             i = bisect_right(self._t, t0)
             before = self._v[i - 1] if i else None

@@ -322,6 +322,11 @@ class ServerProfile(Table):
     command: Seq[Arg] = Field((), description="the command (local) or the container's arguments (docker); "
                                               "required without image; placeholders: " + ", ".join(PLACEHOLDERS))
     image: str | None = Field(None, description="container image (docker and other image backends)")
+    vllm_omni: str | None = Field(None, pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$",
+                                  description="the vLLM-Omni release the server runs: flag sets are checked "
+                                              "against its command line before anything starts "
+                                              "(runner/plan/vllm_omni_flags/); default: the image's tag when "
+                                              "it names one (vllm-omni:v0.30.0)")
     port: int = Field(0, ge=0, le=65535, json_schema_extra=_no_default,
                       description="the port the server listens on; 0 (the default without image): a free port "
                                   "picked at each start; 8000 with an image")

@@ -5,6 +5,7 @@ what is wrong, and nothing started or written when it is.
   count (read before any decoder allocates), and which then decode;
 - the baseline's samples.json: well-formed, finite numbers;
 - the results folder: a writable folder (or creatable under one) with room left;
+- every flag of a flag set whose server runs a named vLLM-Omni release: a flag of that release (cli_flags);
 - env values that reference the runner's environment ("${VAR}"): the variable is set;
 - what each backend checks itself (runner.core.registry: local servers on a fixed port: the port is free, and no
   two lanes start that server at the same time).
@@ -25,7 +26,7 @@ from PIL import Image
 from runner.core.errors import UserError
 from runner.core.registry import BACKENDS, load
 from runner.core.secrets import missing_refs
-from runner.plan import baseline
+from runner.plan import baseline, cli_flags
 from runner.plan.lanes import Plan
 from runner.plan.matrix import Matrix
 
@@ -38,6 +39,7 @@ MIN_FREE_BYTES = 64 * 2**20  # below this a run cannot hold its images and logs
 
 def check(matrix: Matrix, plan: Plan, results: Path, *, resume: bool = False) -> None:
     """Raise UserError (one line) for the first problem found; return when the run may start."""
+    cli_flags.check(matrix)
     for fx in matrix.axes.fixtures:
         for i, path in enumerate(matrix.fixtures[fx].references[: max(matrix.axes.references)]):
             check_image(path, f"{matrix.path}: key 'fixtures.{fx}.references[{i}]'")

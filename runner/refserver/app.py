@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response
 from PIL import Image
 
 from runner.refserver import protocol
-from runner.refserver.config import ServerConfig
+from runner.refserver.config import RELEASES, ServerConfig
 from runner.refserver.engine import Engine, GenerationRequest, GenerationResult, png_bytes
 from runner.refserver.faults import hold_host_memory
 from runner.refserver.memory import as_raised_by_allocator, is_oom
@@ -115,7 +115,7 @@ class Service:
                 del exc
                 reply = Reply(500, error_body(message, "InternalServerError", 500))
             else:
-                reply = self._ok(n, endpoint, req, result, rid, faults)
+                reply = self._ok(n, endpoint, req, result, rid, faults, parsed.metrics_asked)
             finally:
                 gc.collect()
                 if self.engine.device.type == "cuda":
@@ -150,18 +150,20 @@ class Service:
         return None
 
     def _ok(self, n: int, endpoint: str, req: GenerationRequest, result: GenerationResult, rid: str,
-            faults: frozenset[str]) -> Reply:
+            faults: frozenset[str], asked: bool = False) -> Reply:
         images = [apply_image_faults(im, req, faults, n) for im in result.images]
         pngs = None if "no-image" in faults else [png_bytes(im) for im in images]
         api = self.config.api
-        self.metrics.peak_memory(result.peak_reserved_bytes / 2**20)
-        # 0.30 reports the allocator's reserved high-water mark; the older refserver shape, allocated
-        peak_mb = (result.peak_reserved_bytes if api == "0.30" else result.peak_bytes) / 2**20
+        # the releases report the allocator's reserved high-water mark; the older refserver shape, allocated;
+        # fault zero-peak: a worker that measured nothing (vLLM-Omni reports 0.0)
+        peak_mb = 0.0 if "zero-peak" in faults else \
+            (result.peak_reserved_bytes if api in RELEASES else result.peak_bytes) / 2**20
+        self.metrics.peak_memory(0.0 if "zero-peak" in faults else result.peak_reserved_bytes / 2**20)
         if endpoint == "chat":
             body = protocol.chat_response(self.config.model_name, pngs, result.text_tokens, peak_mb, rid, api,
-                                          result.seconds)
+                                          result.seconds, asked)
         else:
-            body = protocol.images_response(pngs, peak_mb, api, result.seconds, (req.width, req.height))
+            body = protocol.images_response(pngs, peak_mb, api, result.seconds, (req.width, req.height), asked)
         if "malformed-json" in faults:
             text = json.dumps(body)
             return Reply(200, text[: max(1, len(text) // 2)])
@@ -196,11 +198,11 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict[str, str]:
-        return {"status": "healthy" if config.api == "0.30" else "ok"}
+        return {"status": "healthy" if config.api in RELEASES else "ok"}
 
     @app.get("/v1/models")
     async def models() -> Response:
-        if config.api != "0.30":  # the snapshot's pure-diffusion mode answered a plain-text 500
+        if config.api not in RELEASES:  # the snapshot's pure-diffusion mode answered a plain-text 500
             return Response("Internal Server Error", status_code=500, media_type="text/plain")
         return JSONResponse({"object": "list", "data": [
             {"id": config.model_name, "object": "model", "created": int(time.time()), "owned_by": "vllm-omni",
@@ -230,7 +232,7 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
     async def images(request: Request) -> Response:
         return await generate(request, "images")
 
-    if config.api == "0.30":
+    if config.api in RELEASES:
         @app.post("/v1/images/edits")
         async def edits(request: Request) -> Response:
             n = next(service.counter)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
@@ -10,9 +11,11 @@ import time
 from runner.refserver.config import (
     API_GENERATIONS,
     CACHE_MODES,
+    DEFAULT_API,
     DTYPES,
     PRESETS,
     QUANTIZATIONS,
+    RELEASES,
     ServerConfig,
     resolve_preset,
 )
@@ -63,8 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--omni", action="store_true", help="accepted: this server is always an omni server")
     ap.add_argument("--log-stats", action="store_true",
                     help="export the vllm_omni:* metric families (vllm_omni:peak_memory_mb), as vLLM-Omni")
-    ap.add_argument("--api", default="0.30", choices=API_GENERATIONS,
-                    help="which vLLM-Omni generation's HTTP behaviour to imitate (default 0.30)")
+    ap.add_argument("--api", default=DEFAULT_API, choices=API_GENERATIONS,
+                    help=f"which vLLM-Omni generation's HTTP behaviour to imitate (default {DEFAULT_API}: today's, "
+                         "stage metrics only when a request asks with return_stage_metrics)")
     ap.add_argument("--oom-reply", choices=("detailed", "mangled"),
                     help="a request OOM's 500: detailed carries the OOM text (0.30), mangled hides it in the "
                          "log (2025-12); default follows --api")
@@ -83,21 +87,98 @@ def build_parser() -> argparse.ArgumentParser:
                     help="inject a fault (repeatable): load-fail, slow-load=SECONDS, jitter=MIN:MAX[:SEED], "
                          "exit@N, hang@N, malformed-json[@N], no-image[@N], wrong-size[@N], transparent[@N], grey[@N]")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_current_spellings(ap)
     return ap
+
+
+OFFLOAD_MODES = {"module": "module", "layer": "layerwise"}  # --diffusion-offload-config's mode -> ours
+COMPONENTS = ("dit", "text_encoder", "vae")  # what vLLM-Omni can offload; the refserver has the DiT only
+CACHE_BACKENDS = ("none", "tea_cache", "cache_dit")
+
+
+def add_current_spellings(ap: argparse.ArgumentParser) -> None:
+    """Today's vLLM-Omni memory flags (its entrypoints/cli/serve.py), so a flag set written for the real
+    server runs here unchanged; each maps onto this server's mechanisms or is accepted and logged."""
+    ap.add_argument("--diffusion-offload-config", type=_json_object, metavar="JSON",
+                    help='{"mode": "module"|"layer", "components": [...], "layer_options": {...}}: module = '
+                         "--enable-cpu-offload, layer = --enable-layerwise-offload; the refserver's one "
+                         "offloadable component is the DiT (its blocks)")
+    ap.add_argument("--diffusion-quantization-config", type=_json_object, metavar="JSON",
+                    help='{"method": "fp8"|"int8", ...}: as --quantization METHOD (other keys are accepted)')
+    ap.add_argument("--diffusion-kv-cache-dtype", help="accepted: the refserver keeps its K/V in --dtype")
+    ap.add_argument("--cache-backend", choices=CACHE_BACKENDS,
+                    help="accepted: the refserver has no step cache (every step is computed)")
+    ap.add_argument("--cache-config", type=_json_object, metavar="JSON", help="accepted with --cache-backend")
+    ap.add_argument("--vae-use-slicing", action="store_true", help="accepted: the refserver's VAE is one layer")
+    ap.add_argument("--vae-use-tiling", action="store_true", help="accepted: the refserver's VAE is one layer")
+    ap.add_argument("--max-num-seqs", type=int, help="accepted: the refserver serves one request at a time "
+                                                     "(vLLM-Omni's diffusion stages: 1)")
+
+
+def not_imitated(args: argparse.Namespace) -> list[str]:
+    """The accepted flags of today's vLLM-Omni that change nothing here, as given."""
+    given = {"--diffusion-kv-cache-dtype": args.diffusion_kv_cache_dtype,
+             "--cache-backend": None if args.cache_backend in (None, "none") else args.cache_backend,
+             "--cache-config": args.cache_config, "--vae-use-slicing": args.vae_use_slicing or None,
+             "--vae-use-tiling": args.vae_use_tiling or None, "--max-num-seqs": args.max_num_seqs}
+    return [flag if value is True else f"{flag} {value}" for flag, value in given.items() if value is not None]
+
+
+def _json_object(text: str) -> dict[str, object]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"a JSON object is needed, not {type(value).__name__}")
+    return value
+
+
+def offload_of(args: argparse.Namespace) -> str:
+    """none | module | layerwise from the flags, the JSON form included (layerwise wins, as upstream)."""
+    legacy = "layerwise" if args.layerwise else "module" if args.module_offload else "none"
+    cfg = args.diffusion_offload_config
+    if cfg is None:
+        return legacy
+    mode = cfg.get("mode", "module")
+    if mode not in OFFLOAD_MODES:
+        raise ValueError(f"--diffusion-offload-config: mode {mode!r} is not one of {', '.join(OFFLOAD_MODES)}")
+    components = cfg.get("components", list(COMPONENTS))
+    if not isinstance(components, list) or not set(components) <= set(COMPONENTS):
+        raise ValueError(f"--diffusion-offload-config: components {components!r} must be a list drawn from "
+                         f"{', '.join(COMPONENTS)}")
+    if "layer_options" in cfg and not isinstance(cfg["layer_options"], dict):
+        raise ValueError("--diffusion-offload-config: layer_options must be an object")
+    mapped = OFFLOAD_MODES[mode] if "dit" in components else "none"
+    return "layerwise" if "layerwise" in (legacy, mapped) else "module" if "module" in (legacy, mapped) else "none"
+
+
+def quantization_of(args: argparse.Namespace) -> str:
+    cfg = args.diffusion_quantization_config
+    if cfg is None:
+        return str(args.quantization)
+    method = cfg.get("method")
+    if method not in QUANTIZATIONS or method == "none":
+        raise ValueError(f"--diffusion-quantization-config: method {method!r} is not one of "
+                         f"{', '.join(q for q in QUANTIZATIONS if q != 'none')}")
+    if args.quantization not in ("none", method):
+        raise ValueError(f"--quantization {args.quantization} and --diffusion-quantization-config method "
+                         f"{method} disagree")
+    return str(method)
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     preset_name = args.preset or (args.model_path if args.model_path in PRESETS else "tiny")
     preset = resolve_preset(preset_name, args.dim, args.layers, args.ref_tokens, args.heads, args.max_refs)
-    offload = "layerwise" if args.layerwise else "module" if args.module_offload else "none"
+    offload = offload_of(args)
     device = args.device
     if device != "cpu" and not device.startswith("cuda"):
         raise ValueError(f"--device must be cpu or cuda[:N] (got {device!r})")
     dtype = args.dtype or ("float32" if device == "cpu" else "bfloat16")
     if args.vram_gib is not None and args.vram_gib <= 0:
         raise ValueError("--vram-gib must be > 0")
-    oom_reply = args.oom_reply or ("detailed" if args.api == "0.30" else "mangled")
-    return ServerConfig(preset=preset, device=device, dtype=dtype, quantization=args.quantization,
+    oom_reply = args.oom_reply or ("detailed" if args.api in RELEASES else "mangled")
+    return ServerConfig(preset=preset, device=device, dtype=dtype, quantization=quantization_of(args),
                         offload=offload, cond_cache=args.cond_cache, vram_gib=args.vram_gib,
                         threads=args.threads, host=args.host, port=args.port,
                         model_name=args.model or args.model_path or "refserver",
@@ -124,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     setup_logging(config.log_level)
     log.info("refserver starting: %s", " ".join(sys.argv if argv is None else ["refserver", *argv]))
+    if ignored := not_imitated(args):
+        log.info("accepted, not imitated (vLLM-Omni flags this server has no mechanism for): %s", ", ".join(ignored))
     if config.faults.load_fail:
         log.error("fault load-fail: model load failed on purpose; exiting with code %d before binding",
                   EXIT_LOAD_FAIL)

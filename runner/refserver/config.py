@@ -11,9 +11,12 @@ CACHE_MODES = ("device", "host", "off")
 DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "int8", "fp8")
 OFFLOADS = ("none", "module", "layerwise")
-# Which vLLM-Omni generation's HTTP behaviour to imitate: "0.30" (the 0.30.0 release, default) or
-# "2025-12" (the Dec-2025 GitHub snapshot the seed's fork grew from). docs/refserver.md lists the differences.
-API_GENERATIONS = ("0.30", "2025-12")
+# Which vLLM-Omni generation's HTTP behaviour to imitate: "0.32" (today's source, default: stage metrics only
+# when asked, 0.0 when not measured), "0.30" (the 0.30.0 release) or "2025-12" (the Dec-2025 GitHub snapshot
+# the seed's fork grew from). docs/refserver.md and docs/vllm-omni.md list the differences.
+API_GENERATIONS = ("0.32", "0.30", "2025-12")
+RELEASES = ("0.32", "0.30")  # the generations that share the 0.30 release's request handling
+DEFAULT_API = "0.32"
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,7 @@ class ServerConfig:
     seed_weights: int = 0
     log_level: str = "info"
     faults: FaultPlan = field(default_factory=FaultPlan)
-    api: str = "0.30"
+    api: str = DEFAULT_API
     log_stats: bool = False  # vLLM-Omni exports its vllm_omni:* families only with --log-stats
     oom_reply: str = "detailed"  # detailed: the 500 carries the OOM text (0.30); mangled: log only (2025-12)
     whole_device: bool = True  # CUDA cap covers the CUDA context too (as a real card of vram_gib would)

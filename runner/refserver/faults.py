@@ -9,6 +9,8 @@ SEED `pid` seeds it with the server's process id instead: fresh draws at every s
 for more sends of the same requests must not replay the draws of its first start).
 `corrupt-ref=K` damages the K-th data-URI reference of every chat request on arrival (its bytes cut to a
 quarter before decoding), as if it had been corrupted on its way: 0.30 drops it with its warning and serves.
+`zero-peak[@N]` reports a peak of 0.0 (in the response's metrics and the /metrics gauge), as vLLM-Omni does
+when its worker measured nothing.
 `host-memory=MIB@N` makes request N allocate (and touch, and keep) MIB MiB of host memory, and
 `load-host-memory=MIB` the same at load: under a container's memory limit the kernel's OOM killer ends the
 server, the host-memory OOM the runner must tell from a crash and from a CUDA OOM.
@@ -20,7 +22,7 @@ import os
 import random
 from dataclasses import dataclass, field
 
-REQUEST_FAULTS = ("exit", "hang", "malformed-json", "no-image", "wrong-size", "transparent", "grey")
+REQUEST_FAULTS = ("exit", "hang", "malformed-json", "no-image", "wrong-size", "transparent", "grey", "zero-peak")
 LOAD_FAULTS = ("load-fail", "slow-load", "jitter", "corrupt-ref", "load-host-memory")
 SIZED_FAULTS = ("host-memory",)  # KIND=MIB@N: a size and the request it applies to
 # Faults that make no sense "on every request" must name their request.

@@ -1,7 +1,8 @@
 """vLLM-Omni's HTTP API subset: request bodies -> GenerationRequest, results -> response bodies.
 
-`api` picks the generation imitated: "0.30" (the 0.30.0 release) or "2025-12" (the Dec-2025 snapshot);
-docs/refserver.md tabulates the differences.
+`api` picks the generation imitated: "0.32" (today's source), "0.30" (the 0.30.0 release) or "2025-12" (the
+Dec-2025 snapshot); the two releases read requests alike and differ in where the stage metrics go (0.32: only
+when the request asks with `return_stage_metrics`). docs/refserver.md tabulates the differences.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from PIL import Image
 
-from runner.refserver.config import Preset
+from runner.refserver.config import DEFAULT_API, RELEASES, Preset
 from runner.refserver.engine import GenerationRequest
 
 DATA_URI = re.compile(r"^data:image/[A-Za-z0-9.+-]+;base64,(?P<data>.*)$", re.DOTALL)
@@ -45,6 +46,20 @@ class Parsed:
     request: GenerationRequest
     received_refs: int  # references in the request, decodable or not
     dropped: tuple[str, ...] = ()  # why each undecodable reference was dropped (0.30 serves without it)
+    metrics_asked: bool = False  # a truthy `return_stage_metrics` (0.32 returns `metrics` only then)
+
+
+ASK_METRICS = "return_stage_metrics"
+
+
+def asks_metrics(*places: Any) -> bool:
+    """vLLM-Omni's truthy test of `return_stage_metrics` in the first place that holds it: "1", "true",
+    "yes", "on" for text (any case), Python truth otherwise."""
+    for place in places:
+        if isinstance(place, dict) and ASK_METRICS in place:
+            value = place[ASK_METRICS]
+            return value.lower() in {"1", "true", "yes", "on"} if isinstance(value, str) else bool(value)
+    return False
 
 
 class BadRequest(Exception):
@@ -131,7 +146,7 @@ def _generation(preset: Preset, params: dict[str, Any], prompt: str, refs: tuple
         width = _int(params["width"], f"{prefix}width", 1, 1 << 20)
     if params.get("height") is not None:
         height = _int(params["height"], f"{prefix}height", 1, 1 << 20)
-    if api == "0.30":
+    if api in RELEASES:
         width, height = round_size(width, height)
     check_size(preset, width, height, f"{prefix}size")
     steps = params.get("num_inference_steps")
@@ -159,7 +174,7 @@ def _generation(preset: Preset, params: dict[str, Any], prompt: str, refs: tuple
 
 
 def check_ref_count(preset: Preset, count: int, api: str) -> None:
-    limit = preset.ref_limit if api == "0.30" else preset.max_refs
+    limit = preset.ref_limit if api in RELEASES else preset.max_refs
     if count > limit:
         raise BadRequest(f"Received {count} input images. At most {limit} images are supported by this model.",
                          "image")
@@ -173,7 +188,7 @@ def merged_params(body: dict[str, Any], api: str) -> dict[str, Any]:
         extra = {}
     if not isinstance(extra, dict):
         raise BadRequest("extra_body must be an object", "extra_body")
-    if api != "0.30":
+    if api not in RELEASES:
         return dict(extra)
     sources: dict[str, list[str]] = {}
     for key in body:
@@ -201,7 +216,7 @@ def damaged(url: str) -> str:
     return head + "," + base64.b64encode(raw[: max(1, len(raw) // 4)]).decode()
 
 
-def parse_chat(body: Any, preset: Preset, api: str = "0.30", corrupt_ref: int | None = None) -> Parsed:
+def parse_chat(body: Any, preset: Preset, api: str = DEFAULT_API, corrupt_ref: int | None = None) -> Parsed:
     """POST /v1/chat/completions: prompt = text parts of user messages, references = data-URI image_url
     parts in order (http(s) URLs ignored). 0.30 drops (logs) a reference that does not decode and serves
     the rest; 2025-12 refuses it with a 400."""
@@ -243,19 +258,19 @@ def parse_chat(body: Any, preset: Preset, api: str = "0.30", corrupt_ref: int | 
                 try:
                     refs.append(decode_data_uri(url, f"messages[{i}].content[{j}].image_url"))
                 except BadRequest as exc:
-                    if api != "0.30":
+                    if api not in RELEASES:
                         raise
                     dropped.append(exc.message)
     prompt = "\n".join(t for t in texts if t.strip())
     if not prompt.strip():
         raise BadRequest("no prompt: the user messages carry no text", "messages")
     params = merged_params(body, api)
-    prefix = "" if api == "0.30" else "extra_body."
+    prefix = "" if api in RELEASES else "extra_body."
     req = _generation(preset, params, prompt, tuple(refs), "num_outputs_per_prompt", prefix, api)
-    return Parsed(req, received, tuple(dropped))
+    return Parsed(req, received, tuple(dropped), asks_metrics(body.get("extra_body"), body))
 
 
-def parse_images(body: Any, preset: Preset, model: str = "", api: str = "0.30") -> Parsed:
+def parse_images(body: Any, preset: Preset, model: str = "", api: str = DEFAULT_API) -> Parsed:
     """POST /v1/images/generations (OpenAI shape with vLLM-Omni's extensions)."""
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
@@ -268,17 +283,17 @@ def parse_images(body: Any, preset: Preset, model: str = "", api: str = "0.30") 
         raise BadRequest("only response_format b64_json is supported", "response_format")
     params = {k: body.get(k) for k in ("size", "seed", "num_inference_steps", "negative_prompt",
                                        "true_cfg_scale", "guidance_scale", "n")}
-    return Parsed(_generation(preset, params, prompt, (), "n", "", api), 0)
+    return Parsed(_generation(preset, params, prompt, (), "n", "", api), 0, metrics_asked=asks_metrics(body))
 
 
 def check_model(asked: Any, served: str, api: str) -> None:
-    if api == "0.30" and asked is not None and served and asked != served:
+    if api in RELEASES and asked is not None and served and asked != served:
         raise BadRequest(f"Model mismatch: request specifies '{asked}' but server is running '{served}'.",
                          "model")
 
 
 def parse_edits(form: dict[str, Any], files: list[tuple[str, bytes]], preset: Preset, model: str,
-                api: str = "0.30") -> Parsed:
+                api: str = DEFAULT_API) -> Parsed:
     """POST /v1/images/edits (multipart): `image` or `image[]` files in order, `prompt`, `size` ("auto" =
     the first image's size), `n`, and vLLM-Omni's `negative_prompt`, `num_inference_steps`,
     `guidance_scale`, `true_cfg_scale`, `seed`. An upload that does not decode is a 400 here (0.30)."""
@@ -318,23 +333,31 @@ def parse_edits(form: dict[str, Any], files: list[tuple[str, bytes]], preset: Pr
         params["width"], params["height"] = refs[0].size
     else:
         params["size"] = size
-    return Parsed(_generation(preset, params, prompt, tuple(refs), "n", "", api), len(files))
+    return Parsed(_generation(preset, params, prompt, tuple(refs), "n", "", api), len(files),
+                  metrics_asked=asks_metrics(form))
 
 
 def png_b64(png: bytes) -> str:
     return base64.b64encode(png).decode("ascii")
 
 
+def stage_metrics(peak_mb: float, seconds: float) -> dict[str, Any]:
+    """0.32's `metrics`: `float(peak or 0.0)`, so a request that measured nothing reports 0.0."""
+    return {"stage_durations": {"diffusion": round(seconds, 4)}, "peak_memory_mb": float(round(peak_mb, 3) or 0.0)}
+
+
 def chat_response(model: str, pngs: list[bytes] | None, text_tokens: int, peak_mb: float,
-                  request_id: str, api: str = "0.30", seconds: float = 0.0) -> dict[str, Any]:
-    """`pngs=None` gives the no-image shape: content is a plain string. 0.30 puts `peak_memory_mb` (and
-    `stage_durations`) in each image part; 2025-12 (the refserver's older shape) at the top level."""
+                  request_id: str, api: str = DEFAULT_API, seconds: float = 0.0, asked: bool = False
+                  ) -> dict[str, Any]:
+    """`pngs=None` gives the no-image shape: content is a plain string. 0.32 returns a top-level `metrics`
+    (stage_durations, peak_memory_mb) only when `asked`; 0.30 puts them in each image part; 2025-12 (the
+    refserver's older shape) a top-level `peak_memory_mb`."""
     per_image = {"stage_durations": {"diffusion": round(seconds, 4)}, "peak_memory_mb": round(peak_mb, 3)}
     content: Any = "" if pngs is None else [
         {"type": "image_url", "image_url": {"url": "data:image/png;base64," + png_b64(p)},
          **(per_image if api == "0.30" else {})} for p in pngs
     ]
-    if api == "0.30" and pngs is None:
+    if api in RELEASES and pngs is None:
         content = "Image generation completed but no images were produced."
     body: dict[str, Any] = {
         "id": request_id,
@@ -345,23 +368,29 @@ def chat_response(model: str, pngs: list[bytes] | None, text_tokens: int, peak_m
                      "message": {"role": "assistant", "content": content}}],
         "usage": {"prompt_tokens": text_tokens, "completion_tokens": 0, "total_tokens": text_tokens},
     }
-    if api != "0.30":
+    if api == "0.32" and asked:
+        body["metrics"] = stage_metrics(peak_mb, seconds)
+    if api not in RELEASES:
         body["peak_memory_mb"] = round(peak_mb, 3)
     return body
 
 
-def images_response(pngs: list[bytes] | None, peak_mb: float, api: str = "0.30", seconds: float = 0.0,
-                    size: tuple[int, int] | None = None) -> dict[str, Any]:
-    """0.30: `metrics.peak_memory_mb` (None when 0, as upstream); 2025-12 shape: top-level."""
+def images_response(pngs: list[bytes] | None, peak_mb: float, api: str = DEFAULT_API, seconds: float = 0.0,
+                    size: tuple[int, int] | None = None, asked: bool = False) -> dict[str, Any]:
+    """0.32: `metrics` only when `asked` (0.0 when not measured); 0.30: `metrics.peak_memory_mb` always (None
+    when 0, as that release); 2025-12 shape: top-level."""
     body: dict[str, Any] = {"created": int(time.time()),
                             "data": [] if pngs is None else [{"b64_json": png_b64(p)} for p in pngs]}
-    if api == "0.30":
+    if api in RELEASES:
         body["output_format"] = "png"
         if size is not None:
             body["size"] = f"{size[0]}x{size[1]}"
+    if api == "0.32" and asked:
+        body["metrics"] = stage_metrics(peak_mb, seconds)
+    elif api == "0.30":
         body["metrics"] = {"stage_durations": {"diffusion": round(seconds, 4)},
                            "peak_memory_mb": round(peak_mb, 3) or None}
-    else:
+    elif api not in RELEASES:
         body["peak_memory_mb"] = round(peak_mb, 3)
     return body
 

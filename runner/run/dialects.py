@@ -7,7 +7,10 @@ is the multipart images/edits route the OpenAI SDK uses for multi-image edits (v
 `image[]` files plus steps / true_cfg_scale / seed form fields).
 
 The server's own peak (`peak_memory_mb`, MiB despite the name: bytes / 1024²) is read from every place a
-vLLM-Omni generation puts it, and recorded with where it came from and what it measures.
+vLLM-Omni generation puts it, and recorded with where it came from and what it measures. Every request asks
+for it (`return_stage_metrics: true`: today's vLLM-Omni returns its `metrics` only when asked; older servers
+ignore the key). A 0 (or null, or anything not a finite positive figure) is no reading: vLLM-Omni answers
+`float(peak or 0.0)` when its worker measured nothing, so a 0.0 is "not measured", never a 0-byte peak.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,8 +47,9 @@ class HttpCall:
 
     def httpx_kwargs(self) -> dict[str, Any]:
         """What httpx.Client.post needs to send this call."""
-        if self.files:
-            return {"data": {k: str(v) for k, v in self.body.items()}, "files": list(self.files)}
+        if self.files:  # form fields are text: a bool as JSON spells it (FastAPI and vLLM-Omni read "true")
+            return {"data": {k: json.dumps(v) if isinstance(v, bool) else str(v) for k, v in self.body.items()},
+                    "files": list(self.files)}
         return {"json": self.body}
 
 
@@ -62,6 +67,12 @@ class Parsed:
     image: bytes | None
     server_peak: ServerPeak | None
     problem: str | None  # why no image came back from a 200 response
+    peak_unread: str | None = None  # the response named a peak that is no reading (0.0: not measured)
+    stage_durations: dict[str, float] | None = None  # metrics.stage_durations: seconds per stage
+
+
+ASK_METRICS = "return_stage_metrics"  # the request key that makes today's vLLM-Omni return `metrics`
+MAX_STAGES = 16  # stage_durations kept per response (a server's dict is untrusted)
 
 
 def _data_uri(mime: str, data: bytes) -> str:
@@ -71,7 +82,7 @@ def _data_uri(mime: str, data: bytes) -> str:
 def chat(req: ImageRequest) -> HttpCall:
     """POST /v1/chat/completions: ordered image_url references, generation parameters in a literal
     `extra_body` key (the placement every vLLM-Omni generation reads)."""
-    extra: dict[str, Any] = {"num_inference_steps": req.steps, "seed": req.seed}
+    extra: dict[str, Any] = {"num_inference_steps": req.steps, "seed": req.seed, ASK_METRICS: True}
     if req.size:
         extra["width"], extra["height"] = req.size
     extra |= _cfg(req)
@@ -94,7 +105,7 @@ def _cfg(req: ImageRequest) -> dict[str, Any]:
 def _images_fields(req: ImageRequest) -> dict[str, Any]:
     """The OpenAI images fields with vLLM-Omni's extensions, shared by generations (JSON) and edits (form)."""
     fields: dict[str, Any] = {"model": req.model, "prompt": req.prompt, "n": 1, "response_format": "b64_json",
-                              "seed": req.seed, "num_inference_steps": req.steps}
+                              "seed": req.seed, "num_inference_steps": req.steps, ASK_METRICS: True}
     if req.size:
         fields["size"] = f"{req.size[0]}x{req.size[1]}"
     return fields | _cfg(req)
@@ -144,34 +155,74 @@ def _b64(text: str) -> bytes | None:
         return None
 
 
-def _number(value: Any) -> float | None:
-    """A peak_memory_mb that is a memory figure (reading.py: finite, not negative, below 1 PiB), else None:
-    a NaN or -5000 in a response is no peak."""
+def _reading(value: Any) -> float | str:
+    """A peak_memory_mb that is a memory figure (reading.py: finite, not negative, below 1 PiB) and above 0,
+    else why it is none: a 0.0 or null is vLLM-Omni's "not measured", a NaN or -5000 no figure at all."""
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0):
+        return f"the server reported {'null' if value is None else '0.0'} (not measured)"
     try:
         to_bytes(value, "peak_memory_mb", 2**20)
     except BadReading:
-        return None
+        return f"the server reported {str(value)[:40]!r}: not a memory figure"
     return float(value)
 
 
-def server_peak(doc: dict[str, Any]) -> ServerPeak | None:
-    """The first `peak_memory_mb` found, in the order vLLM-Omni generations put it:
-    0.30 chat: in each image part of choices[0].message.content (all parts carry the request's one figure);
-    0.30 images API (and multi-stage chat): metrics.peak_memory_mb; older shapes: a top-level field."""
+def _peak_places(doc: dict[str, Any]) -> list[tuple[str, Any, str]]:
+    """Every (place, value, what it measures) a response holds a peak_memory_mb at, in the order vLLM-Omni
+    generations put it: 0.30 chat: in each image part of choices[0].message.content (all parts carry the
+    request's one figure); the images API, multi-stage chat and today's chat when asked: metrics.peak_memory_mb;
+    older shapes: a top-level field."""
     try:
         content = doc["choices"][0]["message"]["content"]
     except (KeyError, IndexError, TypeError):
         content = None
+    places = []
     if isinstance(content, list):
-        for i, part in enumerate(content):
-            if isinstance(part, dict) and (v := _number(part.get("peak_memory_mb"))) is not None:
-                return ServerPeak(v, f"choices[0].message.content[{i}].peak_memory_mb", "reserved")
+        places += [(f"choices[0].message.content[{i}].peak_memory_mb", part["peak_memory_mb"], "reserved")
+                   for i, part in enumerate(content[:64]) if isinstance(part, dict) and "peak_memory_mb" in part]
     metrics = doc.get("metrics")
-    if isinstance(metrics, dict) and (v := _number(metrics.get("peak_memory_mb"))) is not None:
-        return ServerPeak(v, "metrics.peak_memory_mb", "reserved")
-    if (v := _number(doc.get("peak_memory_mb"))) is not None:
-        return ServerPeak(v, "peak_memory_mb", "unspecified")
+    if isinstance(metrics, dict) and "peak_memory_mb" in metrics:
+        places.append(("metrics.peak_memory_mb", metrics["peak_memory_mb"], "reserved"))
+    if "peak_memory_mb" in doc:
+        places.append(("peak_memory_mb", doc["peak_memory_mb"], "unspecified"))
+    return places
+
+
+def server_peak(doc: dict[str, Any]) -> ServerPeak | None:
+    """The first `peak_memory_mb` that is a reading (see _peak_places for the order)."""
+    for place, value, measures in _peak_places(doc):
+        if isinstance(v := _reading(value), float):
+            return ServerPeak(v, place, measures)
     return None
+
+
+def peak_unread(doc: dict[str, Any]) -> str | None:
+    """Why a response that names a peak gives none (the first place's reason), or None: it gave one, or named
+    none at all."""
+    reasons = [(place, r) for place, value, _ in _peak_places(doc) if isinstance(r := _reading(value), str)]
+    if not reasons or server_peak(doc) is not None:
+        return None
+    place, reason = reasons[0]
+    return f"{place}: {reason}"
+
+
+def stage_durations(doc: dict[str, Any]) -> dict[str, float] | None:
+    """metrics.stage_durations (today's vLLM-Omni, when asked; 0.30: also in each chat image part): the
+    server's own seconds per stage, the finite non-negative ones, names cut to 64 characters."""
+    metrics = doc.get("metrics")
+    found = metrics.get("stage_durations") if isinstance(metrics, dict) else None
+    if not isinstance(found, dict):
+        try:
+            parts = doc["choices"][0]["message"]["content"]
+            found = next((p["stage_durations"] for p in parts[:64] if isinstance(p, dict)
+                          and isinstance(p.get("stage_durations"), dict)), None)
+        except (KeyError, IndexError, TypeError):
+            found = None
+    if not isinstance(found, dict):
+        return None
+    out = {str(k)[:64]: float(v) for k, v in list(found.items())[:MAX_STAGES]
+           if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v < 1e7}
+    return out or None
 
 
 def parse(dialect: str, body: bytes) -> Parsed:
@@ -182,13 +233,13 @@ def parse(dialect: str, body: bytes) -> Parsed:
         return Parsed(None, None, f"response is not JSON: {body[:80]!r}")
     if not isinstance(doc, dict):
         return Parsed(None, None, "response JSON is not an object")
-    peak = server_peak(doc)
+    peak, unread, stages = server_peak(doc), peak_unread(doc), stage_durations(doc)
     urls = load(DIALECTS.get(dialect).images)(doc)
     if isinstance(urls, str):
-        return Parsed(None, peak, urls)
+        return Parsed(None, peak, urls, unread, stages)
     if not urls:
-        return Parsed(None, peak, "response holds no image")
+        return Parsed(None, peak, "response holds no image", unread, stages)
     image = _b64(urls[0])
     if image is None:
-        return Parsed(None, peak, "image is not valid base64")
-    return Parsed(image, peak, None)
+        return Parsed(None, peak, "image is not valid base64", unread, stages)
+    return Parsed(image, peak, None, unread, stages)

@@ -208,7 +208,8 @@ class SessionRunner:
         if paused > 0 and (sends.failure is None or sends.failure.kind == FailureClass.TIMEOUT):
             return f"runner suspended for {paused:.1f} s during the request (SIGSTOP / Ctrl-Z): not a measurement"
         return sends, with_response_peak([m.window_peak(sends.t0, sends.t1) for m in meters],
-                                         max(p.mib for p in sends.reported) if sends.reported else None)
+                                         max(p.mib for p in sends.reported) if sends.reported else None,
+                                         sends.unread[0] if sends.unread else None)
 
     def execute(self, sender: Sender, meters: list[Meter], step: Step, attempt: int,
                 determinism_resend: bool) -> StepRecord | Served:

@@ -87,7 +87,9 @@ class Sender:
         if failure is None and image_bytes is None:
             failure = Failure(kind=FailureClass.BAD_RESPONSE, message=problem or "no image", evidence=())
         return Observed(None if failure is None else server.quote_failure(failure),
-                        image_bytes if failure is None else None, parsed.server_peak if parsed else None)
+                        image_bytes if failure is None else None, parsed.server_peak if parsed else None,
+                        server.quote(parsed.peak_unread) if parsed and parsed.peak_unread else None,
+                        parsed.stage_durations if parsed else None)
 
     def repeats(self, call: dialects.HttpCall, references: int, total: int, *,
                 label: Callable[[int], str | None], against_sha256: str | None = None) -> Sends:
@@ -99,12 +101,15 @@ class Sender:
         failure: Failure | None = None
         different: bytes | None = None
         reported: list[dialects.ServerPeak] = []
+        unread: list[str] = []
         for i in range(total):
             sent = self.send(call)
             seen = self.observe(sent, references)
             sends.append(replace(sent, content=b""))  # only the images kept below are needed from here on
             if seen.server_peak is not None:
                 reported.append(seen.server_peak)
+            elif seen.peak_unread is not None:
+                unread.append(seen.peak_unread)
             if seen.failure is not None:
                 named = label(i)
                 failure = seen.failure if named is None else seen.failure.model_copy(
@@ -116,7 +121,8 @@ class Sender:
                     continue
             if different is None and _unlike(seen.image_bytes, first, against_sha256):
                 different = seen.image_bytes
-        return Sends(tuple(sends), first, engine_lost(failure, self.server.exited()), different, tuple(reported))
+        return Sends(tuple(sends), first, engine_lost(failure, self.server.exited()), different, tuple(reported),
+                     tuple(unread))
 
 
 def _unlike(image: bytes | None, first: Observed, against_sha256: str | None) -> bool:

@@ -47,6 +47,8 @@ class Observed:
     failure: Failure | None
     image_bytes: bytes | None
     server_peak: dialects.ServerPeak | None  # the response's own peak_memory_mb, where and what
+    peak_unread: str | None = None  # the response named a peak that is no reading (0.0: not measured)
+    stage_durations: dict[str, float] | None = None  # the response's metrics.stage_durations
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class Sends:
     failure: Failure | None  # the send that ended it, when one failed
     different: bytes | None  # the first send whose image bytes differ from the step's image
     reported: tuple[dialects.ServerPeak, ...]  # the server's own peaks, as the responses gave them
+    unread: tuple[str, ...] = ()  # why a response's named peak was no reading, per such response
 
     @property
     def t0(self) -> float:
@@ -110,7 +113,8 @@ def step_record(step: Step, role: str, attempt: int, sends: Sends, timed: int, p
         wall_s=sends.sends[0].wall_s, wall_samples_s=samples, sends=times, peaks=peaks, request=dict(request),
         server_peak_mib=reported[0].mib if reported else None,
         server_peak_source=reported[0].source if reported else None,
-        server_peak_measures=reported[0].measures if reported else None)
+        server_peak_measures=reported[0].measures if reported else None,
+        server_stage_durations_s=(first.stage_durations or {}) if first else {})
     image = Path(step.key).name + ".png"
     if failure is not None:
         record = _failed(base, failure, sends.sends[-1])
@@ -141,13 +145,17 @@ def topped_up(old: StepRecord, sends: Sends, peaks: tuple[Peak, ...], repeat_psn
     return record if sends.failure is None else _failed(record, sends.failure, sends.sends[-1])
 
 
-def with_response_peak(peaks: list[Peak], peak_mb: float | None) -> tuple[Peak, ...]:
+def with_response_peak(peaks: list[Peak], peak_mb: float | None, unread: str | None = None) -> tuple[Peak, ...]:
     """A `peak_memory_mb` in the response is the server's own exact peak for this request: it goes right
-    before the polled server meter (which can miss a transient between polls), or last if none is listed."""
-    if peak_mb is None:
+    before the polled server meter (which can miss a transient between polls), or last if none is listed.
+    A named peak that is no reading (`unread`: vLLM-Omni's 0.0, "not measured") is listed as unavailable
+    there, so the step's figure falls back to the next source."""
+    if peak_mb is None and unread is None:
         return tuple(peaks)
     reported = Peak(source=RESPONSE_SOURCE, metric=MemoryMetric.DEVICE, bytes=int(peak_mb * 2**20), samples=1,
-                    rate_hz=None, available=True)
+                    rate_hz=None, available=True) if peak_mb is not None else \
+        Peak(source=RESPONSE_SOURCE, metric=MemoryMetric.DEVICE, bytes=None, samples=0, rate_hz=None,
+             available=False, reason=f"unavailable: {unread}")
     refines = METERS.get(RESPONSE_SOURCE).refines
     at = next((i for i, p in enumerate(peaks) if p.source == refines), len(peaks))
     return (*peaks[:at], reported, *peaks[at:])

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import pytest
 from PIL import Image
 
 from runner.core.records import FailureClass, StepRecord, load
@@ -128,3 +129,43 @@ def test_corrupt_ref_fault_parses() -> None:
     assert FaultPlan.parse([]).corrupt_ref is None
     with pytest.raises(ValueError, match="1-based reference number"):
         FaultPlan.parse(["corrupt-ref=0"])
+
+
+@pytest.mark.parametrize(("value", "reason"), [
+    (0.0, "metrics.peak_memory_mb: the server reported 0.0 (not measured)"),
+    (0, "metrics.peak_memory_mb: the server reported 0.0 (not measured)"),
+    (None, "metrics.peak_memory_mb: the server reported null (not measured)"),
+    (float("nan"), "metrics.peak_memory_mb: the server reported 'nan': not a memory figure"),
+    (-5.0, "metrics.peak_memory_mb: the server reported '-5.0': not a memory figure"),
+])
+def test_a_zero_or_no_figure_is_no_peak_and_says_why(value: object, reason: str) -> None:
+    """vLLM-Omni answers float(peak or 0.0) when its worker measured nothing: never a 0-byte peak."""
+    data = png()
+    doc = {"choices": [{"message": {"content": [{"type": "image_url", "image_url": {"url": uri(data)}}]}}],
+           "metrics": {"peak_memory_mb": value, "stage_durations": {"diffusion": 1.5, "vae": float("inf")}}}
+    p = dialects.parse("vllm-omni-chat", json.dumps(doc).encode())
+    assert p.image == data and p.server_peak is None and p.peak_unread == reason
+    assert p.stage_durations == {"diffusion": 1.5}  # a non-finite duration is dropped
+    # a real figure elsewhere in the same response wins, and then nothing is "unread"
+    doc["choices"][0]["message"]["content"][0]["peak_memory_mb"] = 812.0
+    q = dialects.parse("vllm-omni-chat", json.dumps(doc).encode())
+    assert q.server_peak is not None and q.server_peak.mib == 812.0 and q.peak_unread is None
+
+
+def test_every_dialect_asks_for_the_stage_metrics() -> None:
+    req = dialects.ImageRequest("m", "p", (("image/png", b"x"),), 1, 2, None)
+    assert dialects.build("vllm-omni-chat", req).body["extra_body"]["return_stage_metrics"] is True
+    assert dialects.build("openai-images", req).body["return_stage_metrics"] is True
+    edits = dialects.build("openai-images-edits", req).httpx_kwargs()
+    assert edits["data"]["return_stage_metrics"] == "true"  # a form field, spelled as JSON
+
+
+def test_a_zero_response_peak_falls_back_to_the_next_source() -> None:
+    from runner.core.records import Peak
+    from runner.run.step_records import with_response_peak
+
+    gauge = Peak(source="server", metric="device", bytes=3 * 2**20, samples=5, rate_hz=20.0, available=True)
+    peaks = with_response_peak([gauge], None, "metrics.peak_memory_mb: the server reported 0.0 (not measured)")
+    assert [p.source for p in peaks] == ["server-response", "server"]
+    assert not peaks[0].available and peaks[0].bytes is None and "not measured" in (peaks[0].reason or "")
+    assert next(p for p in peaks if p.available) == gauge

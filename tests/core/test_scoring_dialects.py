@@ -58,7 +58,8 @@ def test_chat_request_shape_keeps_reference_order() -> None:
     parts = call.body["messages"][0]["content"]
     assert parts[0] == {"type": "text", "text": "edit"}
     assert [base64.b64decode(p["image_url"]["url"].split(",")[1]) for p in parts[1:]] == [b"one", b"two"]
-    assert call.body["extra_body"] == {"num_inference_steps": 20, "seed": 7, "width": 64, "height": 32}
+    assert call.body["extra_body"] == {"num_inference_steps": 20, "seed": 7, "width": 64, "height": 32,
+                                       "return_stage_metrics": True}  # today's vLLM-Omni: metrics only when asked
     assert "seed" not in call.body  # top-level seed is ignored by vLLM-Omni
 
 

@@ -80,7 +80,7 @@ def test_corrupt_third_reference_is_failed_not_served_and_peaks_carry_their_sour
         s = step(key)
         assert s["status"] == "ok"
         assert s["server_peak_mib"] > 0
-        assert s["server_peak_source"] == "choices[0].message.content[0].peak_memory_mb"
+        assert s["server_peak_source"] == "metrics.peak_memory_mb"  # the refserver's default: today's, asked
         assert s["server_peak_measures"] == "reserved"
         assert s["peaks"][0]["source"] == "server-response"
     assert step("default/refs-3/shapes-seed-1")["server_peak_mib"] > \
