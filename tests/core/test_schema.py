@@ -230,4 +230,4 @@ def test_every_matrix_key_is_described() -> None:
 
 
 def test_runner_schema_writes_to_the_published_folder_by_default() -> None:
-    assert schemas.FOLDER == PUBLISHED.parent
+    assert PUBLISHED.parent == schemas.FOLDER
