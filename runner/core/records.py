@@ -127,6 +127,13 @@ class FailureClass(StrEnum):
     NODE_FAILURE = "node_failure"  # the node failed or was lost
 
 
+# Failures imposed from outside the server (a stop signal, its engine gone, the scheduler ending it): the
+# request measured nothing about the server or its memory, so the step is to do again. The one rule of
+# "to do again": resume and the banner (runner.run.pending) and the verdict's words all read it.
+SEND_AGAIN = frozenset({FailureClass.STOPPED, FailureClass.CANCELLED, FailureClass.PREEMPTED,
+                        FailureClass.TIME_LIMIT, FailureClass.NODE_FAILURE})
+
+
 class Failure(Record):
     model_config = ConfigDict(json_schema_extra=_schema_extra(required=("evidence",)))
 
@@ -245,6 +252,14 @@ class StepRecord(Record):
     def peak(self, metric: str = "device") -> Peak | None:
         """The best available peak for a metric: the first available one in meter order."""
         return next((p for p in self.peaks if p.metric == metric and p.available), None)
+
+
+def send_again(record: StepRecord) -> bool:
+    """A step a resume sends again: stopped from outside (SEND_AGAIN), or skipped for a passing reason
+    (not implied by a recorded OOM: the run was interrupted, the restart budget used, a start failed)."""
+    if record.failure is not None and record.failure.kind in SEND_AGAIN:
+        return True
+    return record.status == Status.SKIPPED and record.implied_by is None
 
 
 class ServerStart(Record):

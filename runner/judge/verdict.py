@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from operator import attrgetter
 
-from runner.core.records import Failure, FailureClass, SessionRecord, Status, StepRecord
+from runner.core.records import Failure, FailureClass, SessionRecord, Status, StepRecord, send_again
 from runner.judge.decision import (
     Blocked,
     Cell,
@@ -66,7 +66,8 @@ def _usable(step: StepRecord, rules: VerdictRules) -> tuple[str, str] | None:
     if step.status == Status.FAILED:
         if step.failure is None:
             return "failed", "failed"
-        return step.failure.kind.value, f"{step.failure.kind}: {step.failure.message}"
+        again = "; not a measurement: a resume sends it again" if send_again(step) else ""
+        return step.failure.kind.value, f"{step.failure.kind}: {step.failure.message}{again}"
     if step.scores and step.scores.sanity.broken:
         return "broken", "broken output: " + "; ".join(step.scores.sanity.reasons)
     if step.scores and step.scores.psnr_db is not None and step.scores.psnr_db < rules.min_psnr_db:
