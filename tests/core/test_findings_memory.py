@@ -131,7 +131,7 @@ def test_findings_sentences_are_the_records_numbers() -> None:
     m = v.findings.flag_sets["default"].memory
     assert f"One more reference costs {size(m.per_reference_bytes)}" in text
     assert f"short by {size(m.shortfall_bytes)}" in text and "(the per-process cap its OOM message states)" in text
-    assert ("<code>/home/user/probe/qwen_oom.py:29</code> in <code>run</code> stopped default at 4 refs "
+    assert ("<code>/home/user/probe/qwen\\_oom.py:29</code> in <code>run</code> stopped default at 4 refs "
             "(tried 480.00 MiB)") in text
     assert "246.14 MiB reserved but unallocated" in text
     assert text.startswith("The reference path works: <code>c/default/refs-1/f-seed-1</code>")
@@ -230,3 +230,21 @@ def test_a_load_oom_within_the_capacity_is_not_a_negative_shortfall() -> None:
     assert "short by at least -" not in text and "short by at least" not in text, text
     assert ("Loading needs at least 15.26 GiB (15.17 GiB in use + 96.00 MiB), within the 15.47 GiB the message "
             "states and 20.00 MiB free: the rest was held outside this process") in text, text
+
+
+def test_site_names_render_as_themselves_in_markdown() -> None:
+    # F-6: `__init__`, `_x_` and `~~` inside <code> still made bold, italic and strikethrough in report.md
+    from markdown_it import MarkdownIt
+
+    tb = ("Traceback (most recent call last):\n"
+          '  File "/venv/lib/python3.12/site-packages/vllm_omni/diffusion/__init__.py", line 12, in _x_\n'
+          "    y()\n"
+          '  File "/venv/lib/python3.12/site-packages/vllm_omni/~~gone~~/a*b*.py", line 3, in __call__\n'
+          "    z()\n"
+          "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 MiB.\n")
+    steps = [served("default", 1, GIB), oom_step("default", 2, tb)]
+    v = decide("c", steps, [session("default")], RULES, capacity_bytes=24 * GIB)
+    html = MarkdownIt("commonmark").enable("strikethrough").render("\n".join(findings_lines(v)))
+    html = html.replace("<strong>default</strong>", "")  # the flag set's own heading
+    assert "<strong>" not in html and "<em>" not in html and "<s>" not in html, html
+    assert "vllm_omni/~~gone~~/a*b*.py:3" in html and "<code>__call__</code>" in html, html

@@ -268,6 +268,14 @@ def test_a_long_server_line_in_the_reason_is_not_cut_between_a_number_and_its_un
             "this process has 4.90 MiB memory in use. Of the allocated memory 4.10 MiB is allocated by PyTorch")
     steps = [step("default", "default", 2, Status.FAILED, kind=FailureClass.CRASH, evidence=(line,))]
     v = decide("c", steps, [session("default", "default")], RULES)
-    said = v.reason.split("server log: ", 1)[1]
+    said = v.reason.split("the server says: ", 1)[1]
     assert len(said) <= 202 and said.endswith(" …") and not re.search(r"\w…", said)  # whole words only
     assert line.startswith(said.removesuffix(" …")) and not re.search(r"\d[\d.]* …$", said)
+
+
+def test_response_body_text_is_not_labelled_as_the_server_log() -> None:
+    # issue 30 F-7: an OOM found in the 500's body was cited as "server log: {"error": …}"
+    body = '{"error":{"message":"Image generation failed: CUDA out of memory. Tried to allocate 54.00 MiB."}}'
+    steps = [step("default", "default", 2, Status.FAILED, kind=FailureClass.HTTP_ERROR, evidence=(body,))]
+    v = decide("c", steps, [session("default", "default")], RULES)
+    assert "server log:" not in v.reason and "the server says: " in v.reason, v.reason
