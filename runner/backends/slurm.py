@@ -188,7 +188,13 @@ class SlurmLane:
         """The card's allocation, submitted (and waited for) when it has none or lost it."""
         held = self.allocations.get(card)
         if held is not None:
-            job = client.job(held.job_id)
+            try:
+                job = client.job(held.job_id)
+            except SlurmError as exc:  # the controller stayed away past client.OUTAGE_S: give the job back
+                self._release(held)
+                del self.allocations[card]
+                raise StartFailed(Failure(kind=FailureClass.LOAD_EXIT, message=f"could not ask Slurm about job "
+                                          f"{held.job_id} ({exc}); the allocation is released")) from None
             if not _gone(job) and job is not None and job.state == "RUNNING":
                 return held
             self._release(held)
@@ -250,8 +256,10 @@ class SlurmLane:
         return alloc
 
     def _cancel(self, job_id: int) -> None:
-        with contextlib.suppress(SlurmError):
+        try:
             client.scancel(job_id)
+        except SlurmError:
+            return  # the lifeline keeps it: cancelled when this runner exits, if not before
         LIFELINE.release(job_id)
 
     def _release(self, alloc: Allocation) -> None:
@@ -287,8 +295,7 @@ def lane(plan_lane: Any, ctx: Any) -> Iterator[SlurmLane]:
 def _step_env(extra: dict[str, str]) -> dict[str, str]:
     # The step gets the runner's environment (srun's default --export=ALL) with the server's own on top; the
     # GPU is Slurm's to choose (gres), never a leftover CUDA_VISIBLE_DEVICES of the runner's host.
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SRUN_", "SBATCH_"))
-           and k != "CUDA_VISIBLE_DEVICES"}
+    env = {k: v for k, v in client.without_job_context(os.environ).items() if k != "CUDA_VISIBLE_DEVICES"}
     return {**env, **extra}
 
 
