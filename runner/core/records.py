@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from enum import StrEnum
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -185,12 +185,16 @@ class Scores(Record):
     sanity: Sanity
 
 
+# A timed send that came back with an image took time: finite and above zero (a ratio divides by it)
+TimedWall = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
 class SendTime(Record):
     """One HTTP send of a step's request: when, how long, and whether it is one of the timed samples (the
     determinism re-send is not; a send that failed is not)."""
 
-    started_at: float = Field(description="epoch seconds")
-    wall_s: float = Field(ge=0)
+    started_at: float = Field(description="epoch seconds", allow_inf_nan=False)
+    wall_s: float = Field(ge=0, allow_inf_nan=False)
     timed: bool
 
 
@@ -221,8 +225,8 @@ class StepRecord(Record):
     status: Status
     attempt: int = Field(default=0, ge=0, description="which server start of the session served it (0 = first)")
     started_at: float | None = Field(default=None, description="epoch seconds at send")
-    wall_s: float | None = Field(default=None, description="the first send's wall time")
-    wall_samples_s: tuple[float, ...] = Field(default=(), description="every timed send of this request "
+    wall_s: float | None = Field(default=None, ge=0, allow_inf_nan=False, description="the first send's wall time")
+    wall_samples_s: tuple[TimedWall, ...] = Field(default=(), description="every timed send of this request "
                                                                       "([run] repeats), first included")
     failure: Failure | None = None
     skip_reason: str | None = None

@@ -93,6 +93,23 @@ class BadRecord(ValueError):
     """A file where a record should be that is not one (empty, truncated, not JSON, wrong shape)."""
 
 
+class _NotARecordValue(ValueError):
+    pass
+
+
+RECORD_INT_DIGITS = 20  # every count, byte figure and epoch of a record fits; 10**400 is an edit, not a figure
+
+
+def _record_int(text: str) -> int:
+    if len(text.lstrip("-")) > RECORD_INT_DIGITS:
+        raise _NotARecordValue(f"a number of {len(text.lstrip('-'))} digits: no record holds one")
+    return int(text)
+
+
+def _no_constant(text: str) -> float:
+    raise _NotARecordValue(f"{text}: not a JSON number (no record holds one)")
+
+
 def read_record(path: Path) -> dict[str, Any]:
     """A record file's JSON object, or BadRecord saying in words what is wrong with it."""
     try:
@@ -102,7 +119,11 @@ def read_record(path: Path) -> dict[str, Any]:
     if not data.strip():
         raise BadRecord(f"empty ({len(data)} bytes)")
     try:
-        doc = json.loads(data)
+        doc = json.loads(data, parse_int=_record_int, parse_constant=_no_constant)
+    except _NotARecordValue as exc:
+        raise BadRecord(str(exc)) from None
+    except RecursionError:  # an edited file nested thousands deep: json's parser recurses
+        raise BadRecord(f"nested too deep to be a record ({len(data)} bytes)") from None
     except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
         raise BadRecord(f"not valid JSON ({getattr(exc, 'msg', exc)}; {len(data)} bytes, truncated?)") from None
     if not isinstance(doc, dict):

@@ -370,3 +370,47 @@ def test_item1_a_gauge_beyond_int64_or_negative_never_ends_the_run_nor_makes_a_p
         assert (run / card / "default" / "memory.csv").read_text().startswith("t,attempt")
         assert verdicts[card]["world"] == "fits-resident" and (verdicts[card]["evidence"].get("peak_bytes") or 0) >= 0
     assert "peak -" not in proc.stdout
+
+
+# -- issue 30: hand-edited records are skipped with one line; the report is still written ----------
+def _edited(finished_run: Path, tmp: Path, text: str) -> Path:
+    run = tmp / "box" / "run"
+    shutil.copytree(finished_run, run)
+    (run / "c/default/refs-1/two-seed-1.json").write_text(text)
+    return run
+
+
+def _ok_record(finished_run: Path, **over: object) -> str:
+    doc = json.loads((finished_run / "c/default/refs-1/one-seed-1.json").read_text())
+    doc.update(key="c/default/refs-1/two-seed-1", fixture="two", **over)
+    return json.dumps(doc)
+
+
+@pytest.mark.parametrize("edit", ["deep", "zero-sample", "huge-count", "nan-wall", "inf-sample", "negative-wall"])
+def test_an_edited_record_is_skipped_with_one_line_and_the_report_written(finished_run: Path, tmp_path: Path,
+                                                                        edit: str) -> None:
+    text = {"deep": "[" * 200_000 + "]" * 200_000,
+            "zero-sample": _ok_record(finished_run, wall_samples_s=[0.0, 0.5]),
+            "huge-count": _ok_record(finished_run, references=10**400),
+            "nan-wall": _ok_record(finished_run, wall_s=float("nan")),
+            "inf-sample": _ok_record(finished_run, wall_samples_s=[float("inf")]),
+            "negative-wall": _ok_record(finished_run, wall_s=-1.5, wall_samples_s=[-1.5])}[edit]
+    run = _edited(finished_run, tmp_path, text)
+    proc = report(run)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stderr.splitlines() if "two-seed-1" in ln]
+    assert len(lines) == 1 and "skipping" in lines[0], proc.stderr
+    shown = (run / "report.md").read_text()
+    assert "nan s" not in shown and "-1.50 s" not in shown and "inf s" not in shown
+    verdict = (run / "verdict.json").read_text()
+    assert "NaN" not in verdict and "Infinity" not in verdict
+
+
+def test_a_file_where_the_plots_folder_goes_is_one_line(finished_run: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    shutil.rmtree(run / "plots")
+    (run / "plots").write_text("not a folder")
+    proc = report(run)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("runner: error:") and "plots" in proc.stderr
