@@ -110,7 +110,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     text = render(load_summary(Path(args.before)), load_summary(Path(args.after)), show_all=args.all)
     if args.out:
-        Path(args.out).write_text(text)
+        from runner.run.store import write_output
+
+        write_output(Path(args.out), text)
     print(text, end="")
     return 0
 

@@ -80,6 +80,28 @@ def atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
+def write_output(path: Path, text: str) -> None:
+    """A file a side command was asked to write (`compare --out`, `schema --out`): written beside its name and
+    renamed over it (a symlink planted there is replaced, never written through); its folder must exist; a
+    failure is one line."""
+    if not path.parent.is_dir():
+        raise UserError(f"cannot write {path}: no folder {path.parent}")
+    if path.is_dir():
+        raise UserError(f"cannot write {path}: it is a folder")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
+    try:
+        os.fchmod(fd, FILE_MODE)
+        with os.fdopen(fd, "wb") as f:
+            f.write(text.encode())
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
 def _store_error(path: Path, exc: OSError) -> StoreError:
     return StoreError(f"cannot write {path}: {exc.strerror or exc}; the run stopped there, and every record "
                       f"finished before it is kept")
