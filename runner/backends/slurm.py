@@ -216,7 +216,7 @@ class SlurmLane:
         try:
             job_id = client.sbatch([*args, *options.sbatch_args], HOLD_SCRIPT)
         except SlurmError as exc:
-            raise StartFailed(Failure(kind=FailureClass.LOAD_EXIT,
+            raise StartFailed(Failure(kind=FailureClass.REFUSED,
                                       message=f"sbatch refused the allocation: {exc}")) from None
         LIFELINE.hold(job_id)
         reasons: list[str] = []
@@ -547,3 +547,12 @@ def preflight(matrix: Matrix, plan: Plan) -> None:
         if wanted is None and not has_gpus:
             raise UserError(f"{matrix.path}: key 'cards.{name}.gres': partition '{options.partition}' has no "
                             f"GPU GRES on any node")
+        count = parse.requested_gpu_count(options.gres_request)
+        most = max((parse.gpus_offered(n.gres, wanted) for n in members), default=0)
+        what = f"GPU(s) of type '{wanted}'" if wanted else "GPU(s)"
+        if count is None or count < 1:
+            raise UserError(f"{matrix.path}: key 'cards.{name}.gres': '{options.gres}' asks for no GPU: a server "
+                            "needs at least one (e.g. gpu:1)")
+        if count > most:  # one node per allocation: the count must fit on one node
+            raise UserError(f"{matrix.path}: key 'cards.{name}.gres': '{options.gres}' asks for {count} {what}, "
+                            f"but no node of partition '{options.partition}' has more than {most}")

@@ -125,6 +125,9 @@ class FailureClass(StrEnum):
     PREEMPTED = "preempted"  # a higher-priority job took the allocation
     TIME_LIMIT = "time_limit"  # the allocation's time limit was reached
     NODE_FAILURE = "node_failure"  # the node failed or was lost
+    # The scheduler refused the allocation (sbatch's error: a limit, an account, a request no node can meet):
+    # no server started; a start failure of the cluster's, not of the server
+    REFUSED = "refused"
 
 
 # Failures imposed from outside the server (a stop signal, its engine gone, the scheduler ending it): the

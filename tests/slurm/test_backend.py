@@ -31,6 +31,10 @@ def active_jobs(prefix: str) -> list[client.Job]:
 @pytest.mark.parametrize(("option", "value", "says"), [
     ("partition", "no-such-partition", "partition 'no-such-partition' does not exist on this cluster"),
     ("gres", "gpu:h100:1", "partition 'debug' offers no GPU of type 'h100' (offered: rtx3090, rtx5080)"),
+    # issue 30 S-4: a count no node can supply, and none at all
+    ("gres", "gpu:rtx3090:3", "asks for 3 GPU(s) of type 'rtx3090', but no node of partition 'debug' has more "
+                              "than 2"),
+    ("gres", "gpu:0", "'gpu:0' asks for no GPU"),
 ])
 def test_an_unknown_partition_or_gpu_type_stops_in_preflight(tag: str, tmp_path: Path, option: str, value: str,
                                                             says: str) -> None:
@@ -277,3 +281,15 @@ def test_a_step_ended_by_the_time_limit_is_sent_again_by_resume(tag: str, tmp_pa
 
     lost, _ = _hung_request_ended_then_resumed(tag, tmp_path, wait, time_limit="2", request_timeout_s=400)
     assert lost["failure"]["kind"] == "time_limit", lost
+
+
+def test_a_submission_sbatch_refuses_is_recorded_as_refused(tag: str, tmp_path: Path) -> None:
+    # issue 30 S-4: what preflight cannot see (here: more memory than the node has) is the scheduler's refusal,
+    # not a server that exited while loading
+    matrix = write_matrix(tmp_path, tag, card_extra='sbatch_args = ["--mem=99999999"]\n')
+    proc = subprocess.run(runner_argv(matrix, tmp_path / "results"), capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (start,) = session(run_dir(tmp_path / "results"))["starts"]
+    assert start["failure"]["kind"] == "refused", start
+    assert start["failure"]["message"].startswith("sbatch refused the allocation: "), start
