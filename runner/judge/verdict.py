@@ -47,7 +47,7 @@ from runner.judge.decision import (
     Verdict,
     World,
 )
-from runner.observe.failures import error_lines
+from runner.observe.failures import CLUSTER_CLASS, error_lines
 from runner.plan import sequential
 from runner.plan.matrix import VerdictRules
 
@@ -143,7 +143,10 @@ def _close(x: int | None, y: int | None) -> bool:
 
 
 def server_says(failure: Failure) -> tuple[str, ...]:
-    """The server's own last error lines in a failure's evidence; else its last log line."""
+    """The server's own last error lines in a failure's evidence; else its last log line. Where the scheduler
+    ended the server, its line (slurmstepd's CANCELLED, first in the evidence) says why, not srun's last."""
+    if failure.kind in CLUSTER_CLASS.values():
+        return failure.evidence[:1]
     return error_lines("\n".join(failure.evidence)) or failure.evidence[-1:]
 
 

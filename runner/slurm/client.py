@@ -57,7 +57,9 @@ def run(argv: Sequence[str], *, timeout_s: float = TIMEOUT_S, stdin: str | None 
     except subprocess.TimeoutExpired:
         raise SlurmError(f"{argv[0]}: no answer within {timeout_s:.0f} s") from None
     if done.returncode != 0:
-        lines = [ln.strip() for ln in (done.stderr or done.stdout).splitlines() if ln.strip()]
+        # the last line that says something: scontrol's "*****…" banner around "RESTORE SLURMCTLD" says nothing
+        lines = [ln.strip() for ln in (done.stderr or done.stdout).splitlines()
+                 if any(c.isalnum() for c in ln) and "RESTORE SLURMCTLD" not in ln]
         raise SlurmError((lines[-1] if lines else f"{argv[0]} exited with {done.returncode}")[:300])
     return done.stdout[:8_000_000]
 

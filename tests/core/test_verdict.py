@@ -17,6 +17,7 @@ from runner.core.records import (
 )
 from runner.judge.decision import World
 from runner.judge.verdict import decide, identical_pairs, ratio_interval
+from runner.judge.verdict_text import summary
 from runner.plan.matrix import VerdictRules
 
 RULES = VerdictRules(target_references=2, max_latency_ratio=2.5, min_psnr_db=20, offload_roles=("offload",),
@@ -279,3 +280,12 @@ def test_response_body_text_is_not_labelled_as_the_server_log() -> None:
     steps = [step("default", "default", 2, Status.FAILED, kind=FailureClass.HTTP_ERROR, evidence=(body,))]
     v = decide("c", steps, [session("default", "default")], RULES)
     assert "server log:" not in v.reason and "the server says: " in v.reason, v.reason
+
+
+def test_a_step_the_scheduler_ended_cites_slurmstepds_line_not_sruns() -> None:
+    # issue 30 S-5: the console quoted "srun: … Terminating StepId=7.0", the last line of the step's log
+    line = "slurmstepd: error: *** STEP 7.0 ON vm CANCELLED AT 2026-12-01T20:26:40 ***"
+    steps = [step("default", "default", 2, Status.FAILED, kind=FailureClass.CANCELLED, lost=True,
+                  evidence=(line, "INFO request 3 start", "srun: launch/slurm: _step_signal: Terminating StepId=7.0"))]
+    v = decide("c", steps, [session("default", "default")], RULES)
+    assert "CANCELLED AT" in summary(v) and "Terminating StepId" not in summary(v), summary(v)

@@ -160,3 +160,18 @@ def test_the_clients_configuration_is_kept_and_a_jobs_context_is_not(slurm: None
     monkeypatch.setenv("SLURM_CONF", "/nonexistent/slurm.conf")
     with pytest.raises(client.SlurmError):
         client.run(["sinfo", "--json"])  # on 9ea8d2e: stripped, it answered from the default cluster
+
+
+def test_a_dead_controller_is_said_in_words_not_scontrols_banner(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # issue 30 S-5: scontrol ping ends its answer with a line of asterisks; the error ended "does not answer: ****…"
+    fake = tmp_path / "bin" / "scontrol"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'Slurmctld(primary) at vm is DOWN'\necho '*****************************************'"
+                    "\necho '** RESTORE SLURMCTLD DAEMON TO SERVICE **'\necho '*****************************************'"
+                    "\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    with pytest.raises(client.SlurmError) as info:
+        client.ping()
+    assert str(info.value) == "the Slurm controller does not answer: Slurmctld(primary) at vm is DOWN"
