@@ -167,9 +167,9 @@ def test_a_dead_controller_is_said_in_words_not_scontrols_banner(tmp_path: Path,
     # issue 30 S-5: scontrol ping ends its answer with a line of asterisks; the error ended "does not answer: ****…"
     fake = tmp_path / "bin" / "scontrol"
     fake.parent.mkdir()
-    fake.write_text("#!/bin/sh\necho 'Slurmctld(primary) at vm is DOWN'\necho '*****************************************'"
-                    "\necho '** RESTORE SLURMCTLD DAEMON TO SERVICE **'\necho '*****************************************'"
-                    "\nexit 1\n")
+    stars = "*" * 41
+    fake.write_text(f"#!/bin/sh\necho 'Slurmctld(primary) at vm is DOWN'\necho '{stars}'\n"
+                    f"echo '** RESTORE SLURMCTLD DAEMON TO SERVICE **'\necho '{stars}'\nexit 1\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
     with pytest.raises(client.SlurmError) as info:
