@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from runner.core.errors import UserError
-from runner.core.records import Record, RecordError, SessionRecord, StepRecord, load
+from runner.core.records import SCHEMA_VERSION, Record, RecordError, SessionRecord, StepRecord, load
 
 R = TypeVar("R", bound=Record)
 
@@ -251,6 +251,19 @@ class RunStore:
                 continue
             records.append(record)
         return records
+
+    def newer_records(self) -> list[Path]:
+        """Step and session records a newer runner wrote (schema_version above this one's): a resume must not
+        send their steps again and overwrite them."""
+        newer = []
+        for path in sorted([*self.root.glob("*/*/refs-*/*.json"), *self.root.glob("*/*/session.json")]):
+            try:
+                version = read_record(path).get("schema_version", 1)
+            except BadRecord:
+                continue
+            if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
+                newer.append(path)
+        return newer
 
     def load_sessions(self) -> list[SessionRecord]:
         out = []

@@ -414,3 +414,20 @@ def test_a_file_where_the_plots_folder_goes_is_one_line(finished_run: Path, tmp_
     proc = report(run)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1].startswith("runner: error:") and "plots" in proc.stderr
+
+
+def test_resume_never_overwrites_a_record_a_newer_runner_wrote(finished_run: Path, tmp_path: Path) -> None:
+    # issue 30 R-3: a schema_version 99 record was skipped, its step sent again and the file overwritten
+    run = tmp_path / "box" / "run"
+    shutil.copytree(finished_run, run)
+    path = run / "c/default/refs-1/one-seed-1.json"
+    doc = json.loads(path.read_text())
+    doc["schema_version"] = 99
+    path.write_text(json.dumps(doc))
+    before = path.read_bytes()
+    proc = subprocess.run([sys.executable, "-m", "runner", str(finished_run.parent.parent / "matrix.toml"),
+                           "--resume", str(run), "--no-progress"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert str(path) in line and "newer runner" in line, line
+    assert path.read_bytes() == before
