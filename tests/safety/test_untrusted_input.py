@@ -431,3 +431,23 @@ def test_resume_never_overwrites_a_record_a_newer_runner_wrote(finished_run: Pat
     (line,) = proc.stderr.strip().splitlines()
     assert str(path) in line and "newer runner" in line, line
     assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("edit", ["deep-session", "huge-send"])
+def test_plan_estimate_from_an_edited_run_is_a_line_not_a_traceback(finished_run: Path, tmp_path: Path,
+                                                                   edit: str) -> None:
+    # issue 30 C-2
+    run = tmp_path / "box" / "run"
+    shutil.copytree(finished_run, run)
+    if edit == "deep-session":
+        (run / "c/default/session.json").write_text("[" * 200_000 + "]" * 200_000)
+    else:
+        path = run / "c/default/refs-1/one-seed-1.json"
+        doc = json.loads(path.read_text())
+        doc["sends"] = [{**s, "wall_s": 1e308} for s in doc["sends"]]
+        doc["wall_s"], doc["wall_samples_s"] = 1e308, [1e308] * len(doc["wall_samples_s"])
+        path.write_text(json.dumps(doc))
+    proc = subprocess.run([sys.executable, "-m", "runner", "plan", str(finished_run.parent.parent / "matrix.toml"),
+                           "--estimate-from", str(run)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "inf" not in proc.stdout.lower().replace("info", ""), proc.stdout[-2000:]
