@@ -451,3 +451,22 @@ def test_plan_estimate_from_an_edited_run_is_a_line_not_a_traceback(finished_run
                            "--estimate-from", str(run)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "inf" not in proc.stdout.lower().replace("info", ""), proc.stdout[-2000:]
+
+
+@pytest.mark.parametrize("edit", ["version-4", "extra-key", "matrix-not-toml"])
+def test_report_checks_run_json_as_resume_does(finished_run: Path, tmp_path: Path, edit: str) -> None:
+    # issue 30 R-4: report accepted what resume refuses; a bad matrix text named a temporary file
+    run = tmp_path / "box" / "run"
+    shutil.copytree(finished_run, run)
+    doc = json.loads((run / "run.json").read_text())
+    if edit == "version-4":
+        doc["schema_version"] = 4
+    elif edit == "extra-key":
+        doc["surprise"] = 1
+    else:
+        doc["matrix"]["text"] = "[run\nthis is not toml"
+    (run / "run.json").write_text(json.dumps(doc))
+    proc = report(run)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert str(run / "run.json") in line and "/tmp/tmp" not in line.replace(str(run), ""), line
