@@ -17,6 +17,7 @@ from runner.core.records import (
     Status,
     StepRecord,
 )
+from runner.judge.decision import Verdict
 from runner.judge.findings.build import allocator_pairs, card_findings
 from runner.judge.findings.memory import fit, memory_model
 from runner.judge.findings.profiles import profiles
@@ -152,6 +153,17 @@ def test_profiles_list_who_serves_each_count_fastest_first_and_drop_the_too_slow
     assert one.serve[1].headroom_bytes == 3 * GIB - GIB // 2 and one.serve[1].latency_ratio == 1.5
 
 
+def load_oom_verdict(message: str) -> Verdict:
+    """The verdict of a 16 GiB card whose only flag set ran out of memory at load with this message."""
+    failure = Failure(kind=FailureClass.OOM_AT_LOAD, message="out of memory at load", evidence=(), http_status=None,
+                      exit_code=1, oom=read_oom(log=message))
+    sess = SessionRecord(key="c/default", card="c", flags="default", role="default", backend="local",
+                         starts=(ServerStart(attempt=0, started_at=0.0, ready_s=None, failure=failure),))
+    skipped = StepRecord(key="c/default/refs-1/f-seed-1", card="c", flags="default", role="default", fixture="f",
+                         references=1, seed=1, status=Status.SKIPPED, skip_reason="server did not start")
+    return decide("c", [skipped], [sess], RULES, capacity_bytes=16 * GIB)
+
+
 def test_a_load_oom_says_how_short_loading_is_and_where() -> None:
     # the seed's 5080: every flag set out of memory at init, 96 MiB short of room, in vLLM-Omni's init path
     message = ("(EngineCore_0 pid=9) Traceback (most recent call last):\n"
@@ -162,13 +174,7 @@ def test_a_load_oom_says_how_short_loading_is_and_where() -> None:
                "has a total capacity of 15.47 GiB of which 33.06 MiB is free. Including non-PyTorch memory, this "
                "process has 15.43 GiB memory in use. Of the allocated memory 15.01 GiB is allocated by PyTorch, and "
                "12.34 MiB is reserved by PyTorch but unallocated.\n")
-    failure = Failure(kind=FailureClass.OOM_AT_LOAD, message="out of memory at load", evidence=(), http_status=None,
-                      exit_code=1, oom=read_oom(log=message))
-    sess = SessionRecord(key="c/default", card="c", flags="default", role="default", backend="local",
-                         starts=(ServerStart(attempt=0, started_at=0.0, ready_s=None, failure=failure),))
-    skipped = StepRecord(key="c/default/refs-1/f-seed-1", card="c", flags="default", role="default", fixture="f",
-                         references=1, seed=1, status=Status.SKIPPED, skip_reason="server did not start")
-    v = decide("c", [skipped], [sess], RULES, capacity_bytes=16 * GIB)
+    v = load_oom_verdict(message)
     assert v.world == "not-built" and v.findings is not None
     (site,) = v.findings.contribution_sites
     assert (site.site, site.function, site.references) == ("vllm_omni/diffusion/models/utils.py:163",
@@ -219,13 +225,7 @@ def test_a_load_oom_within_the_capacity_is_not_a_negative_shortfall() -> None:
                "of 15.47 GiB of which 20.00 MiB is free. Including non-PyTorch memory, this process has 15.17 GiB "
                "memory in use. Of the allocated memory 15.01 GiB is allocated by PyTorch, and 12.34 MiB is reserved "
                "by PyTorch but unallocated.\n")
-    failure = Failure(kind=FailureClass.OOM_AT_LOAD, message="out of memory at load", evidence=(), http_status=None,
-                      exit_code=1, oom=read_oom(log=message))
-    sess = SessionRecord(key="c/default", card="c", flags="default", role="default", backend="local",
-                         starts=(ServerStart(attempt=0, started_at=0.0, ready_s=None, failure=failure),))
-    skipped = StepRecord(key="c/default/refs-1/f-seed-1", card="c", flags="default", role="default", fixture="f",
-                         references=1, seed=1, status=Status.SKIPPED, skip_reason="server did not start")
-    v = decide("c", [skipped], [sess], RULES, capacity_bytes=16 * GIB)
+    v = load_oom_verdict(message)
     text = "\n".join(findings_lines(v))
     assert "short by at least -" not in text and "short by at least" not in text, text
     assert ("Loading needs at least 15.26 GiB (15.17 GiB in use + 96.00 MiB), within the 15.47 GiB the message "
