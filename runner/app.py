@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.core.errors import UserError
-from runner.core.records import RecordError, RunRecord
+from runner.core.records import SCHEMA_VERSION, RecordError, RunRecord
 from runner.core.records import load as load_record
 from runner.core.registry import BACKENDS, load
 from runner.core.units import slug
@@ -61,6 +61,10 @@ def open_run(matrix_path: str, results: str | None, resume: str | None) -> Opene
             raise UserError(f"{root}: not a run directory (no run.json)")
         store = RunStore(root)
         run_doc = store.load_run()
+        if newer := store.newer_records():  # resuming would send their steps again and overwrite them
+            raise UserError(f"{newer[0]}: written by a newer runner (schema_version above {SCHEMA_VERSION})"
+                            + (f", and {len(newer) - 1} more" if len(newer) > 1 else "")
+                            + f"; resume {root} with that runner")
         recorded = run_doc.get("inputs")
         if isinstance(recorded, dict) and recorded:  # every input the records depend on (runner.plan.inputs)
             diff = inputs.changes(recorded, inputs.fingerprint(matrix, plan, salt=str(run_doc["run_id"])))

@@ -93,15 +93,19 @@ def cmd_report(args: argparse.Namespace) -> int:
     root = Path(args.run_dir)
     if not (root / "run.json").is_file():
         raise UserError(f"{root}: not a run directory (no run.json)")
+    from runner import app
+
     store = RunStore(root)
-    doc = store.load_run()
+    doc = app.declared_run(store.load_run(), root)  # the same check a resume makes: a run.json of this runner
     # The verdict is recomputed from the matrix text stored in the run (the file may have changed since),
     # with relative paths resolved from where the matrix was.
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "matrix.toml"
         copy.write_text(doc["matrix"]["text"])
-        matrix = load_matrix(copy, check_files=False, base=Path(doc["matrix"]["path"]).resolve().parent)
-    from runner import app
+        try:
+            matrix = load_matrix(copy, check_files=False, base=Path(doc["matrix"]["path"]).resolve().parent)
+        except UserError as exc:  # name the run's file, not the temporary copy
+            raise UserError(str(exc).replace(str(copy), f"{root / 'run.json'} (its matrix.text)")) from None
 
     app.finish(store, app.as_recorded(matrix, store.load_steps()), rescore=False)
     return 0
@@ -112,7 +116,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     text = render(load_summary(Path(args.before)), load_summary(Path(args.after)), show_all=args.all)
     if args.out:
-        Path(args.out).write_text(text)
+        from runner.run.store import write_output
+
+        write_output(Path(args.out), text)
     print(text, end="")
     return 0
 

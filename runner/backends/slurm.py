@@ -188,7 +188,13 @@ class SlurmLane:
         """The card's allocation, submitted (and waited for) when it has none or lost it."""
         held = self.allocations.get(card)
         if held is not None:
-            job = client.job(held.job_id)
+            try:
+                job = client.job(held.job_id)
+            except SlurmError as exc:  # the controller stayed away past client.OUTAGE_S: give the job back
+                self._release(held)
+                del self.allocations[card]
+                raise StartFailed(Failure(kind=FailureClass.LOAD_EXIT, message=f"could not ask Slurm about job "
+                                          f"{held.job_id} ({exc}); the allocation is released")) from None
             if not _gone(job) and job is not None and job.state == "RUNNING":
                 return held
             self._release(held)
@@ -210,7 +216,7 @@ class SlurmLane:
         try:
             job_id = client.sbatch([*args, *options.sbatch_args], HOLD_SCRIPT)
         except SlurmError as exc:
-            raise StartFailed(Failure(kind=FailureClass.LOAD_EXIT,
+            raise StartFailed(Failure(kind=FailureClass.REFUSED,
                                       message=f"sbatch refused the allocation: {exc}")) from None
         LIFELINE.hold(job_id)
         reasons: list[str] = []
@@ -250,8 +256,10 @@ class SlurmLane:
         return alloc
 
     def _cancel(self, job_id: int) -> None:
-        with contextlib.suppress(SlurmError):
+        try:
             client.scancel(job_id)
+        except SlurmError:
+            return  # the lifeline keeps it: cancelled when this runner exits, if not before
         LIFELINE.release(job_id)
 
     def _release(self, alloc: Allocation) -> None:
@@ -287,8 +295,7 @@ def lane(plan_lane: Any, ctx: Any) -> Iterator[SlurmLane]:
 def _step_env(extra: dict[str, str]) -> dict[str, str]:
     # The step gets the runner's environment (srun's default --export=ALL) with the server's own on top; the
     # GPU is Slurm's to choose (gres), never a leftover CUDA_VISIBLE_DEVICES of the runner's host.
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SRUN_", "SBATCH_"))
-           and k != "CUDA_VISIBLE_DEVICES"}
+    env = {k: v for k, v in client.without_job_context(os.environ).items() if k != "CUDA_VISIBLE_DEVICES"}
     return {**env, **extra}
 
 
@@ -540,3 +547,12 @@ def preflight(matrix: Matrix, plan: Plan) -> None:
         if wanted is None and not has_gpus:
             raise UserError(f"{matrix.path}: key 'cards.{name}.gres': partition '{options.partition}' has no "
                             f"GPU GRES on any node")
+        count = parse.requested_gpu_count(options.gres_request)
+        most = max((parse.gpus_offered(n.gres, wanted) for n in members), default=0)
+        what = f"GPU(s) of type '{wanted}'" if wanted else "GPU(s)"
+        if count is None or count < 1:
+            raise UserError(f"{matrix.path}: key 'cards.{name}.gres': '{options.gres}' asks for no GPU: a server "
+                            "needs at least one (e.g. gpu:1)")
+        if count > most:  # one node per allocation: the count must fit on one node
+            raise UserError(f"{matrix.path}: key 'cards.{name}.gres': '{options.gres}' asks for {count} {what}, "
+                            f"but no node of partition '{options.partition}' has more than {most}")

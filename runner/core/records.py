@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from enum import StrEnum
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -126,6 +126,16 @@ class FailureClass(StrEnum):
     PREEMPTED = "preempted"  # a higher-priority job took the allocation
     TIME_LIMIT = "time_limit"  # the allocation's time limit was reached
     NODE_FAILURE = "node_failure"  # the node failed or was lost
+    # The scheduler refused the allocation (sbatch's error: a limit, an account, a request no node can meet):
+    # no server started; a start failure of the cluster's, not of the server
+    REFUSED = "refused"
+
+
+# Failures imposed from outside the server (a stop signal, its engine gone, the scheduler ending it): the
+# request measured nothing about the server or its memory, so the step is to do again. The one rule of
+# "to do again": resume and the banner (runner.run.pending) and the verdict's words all read it.
+SEND_AGAIN = frozenset({FailureClass.STOPPED, FailureClass.CANCELLED, FailureClass.PREEMPTED,
+                        FailureClass.TIME_LIMIT, FailureClass.NODE_FAILURE})
 
 
 class Failure(Record):
@@ -179,12 +189,16 @@ class Scores(Record):
     sanity: Sanity
 
 
+# A timed send that came back with an image took time: finite and above zero (a ratio divides by it)
+TimedWall = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
 class SendTime(Record):
     """One HTTP send of a step's request: when, how long, and whether it is one of the timed samples (the
     determinism re-send is not; a send that failed is not)."""
 
-    started_at: float = Field(description="epoch seconds")
-    wall_s: float = Field(ge=0)
+    started_at: float = Field(description="epoch seconds", allow_inf_nan=False)
+    wall_s: float = Field(ge=0, allow_inf_nan=False)
     timed: bool
 
 
@@ -215,8 +229,8 @@ class StepRecord(Record):
     status: Status
     attempt: int = Field(default=0, ge=0, description="which server start of the session served it (0 = first)")
     started_at: float | None = Field(default=None, description="epoch seconds at send")
-    wall_s: float | None = Field(default=None, description="the first send's wall time")
-    wall_samples_s: tuple[float, ...] = Field(default=(), description="every timed send of this request "
+    wall_s: float | None = Field(default=None, ge=0, allow_inf_nan=False, description="the first send's wall time")
+    wall_samples_s: tuple[TimedWall, ...] = Field(default=(), description="every timed send of this request "
                                                                       "([run] repeats), first included")
     failure: Failure | None = None
     skip_reason: str | None = None
@@ -250,6 +264,14 @@ class StepRecord(Record):
     def peak(self, metric: str = "device") -> Peak | None:
         """The best available peak for a metric: the first available one in meter order."""
         return next((p for p in self.peaks if p.metric == metric and p.available), None)
+
+
+def send_again(record: StepRecord) -> bool:
+    """A step a resume sends again: stopped from outside (SEND_AGAIN), or skipped for a passing reason
+    (not implied by a recorded OOM: the run was interrupted, the restart budget used, a start failed)."""
+    if record.failure is not None and record.failure.kind in SEND_AGAIN:
+        return True
+    return record.status == Status.SKIPPED and record.implied_by is None
 
 
 class ServerStart(Record):

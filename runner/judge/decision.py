@@ -157,7 +157,8 @@ class Blocked:
     def text(self) -> str:
         where = f" [{self.record}]" if self.record else ""
         says = [_short(line) for line in self.server_says if without_stamp(line) not in self.why]
-        return self.why + where + (f"; server log: {' / '.join(says)}" if says else "")
+        # the lines come from the server's log or from its response body (an OOM's 500 text): say neither
+        return self.why + where + (f"; the server says: {' / '.join(says)}" if says else "")
 
     def evidence(self) -> StopEvidence:
         return StopEvidence(self.stop, self.why, self.record, self.server_says, self.cause, self.references,

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from operator import attrgetter
 
-from runner.core.records import Failure, FailureClass, SessionRecord, Status, StepRecord
+from runner.core.records import Failure, FailureClass, SessionRecord, Status, StepRecord, send_again
 from runner.judge.decision import (
     Blocked,
     Cell,
@@ -47,7 +47,7 @@ from runner.judge.decision import (
     Verdict,
     World,
 )
-from runner.observe.failures import error_lines
+from runner.observe.failures import CLUSTER_CLASS, error_lines
 from runner.plan import sequential
 from runner.plan.matrix import VerdictRules
 
@@ -66,7 +66,8 @@ def _usable(step: StepRecord, rules: VerdictRules) -> tuple[str, str] | None:
     if step.status == Status.FAILED:
         if step.failure is None:
             return "failed", "failed"
-        return step.failure.kind.value, f"{step.failure.kind}: {step.failure.message}"
+        again = "; not a measurement: a resume sends it again" if send_again(step) else ""
+        return step.failure.kind.value, f"{step.failure.kind}: {step.failure.message}{again}"
     if step.scores and step.scores.sanity.broken:
         return "broken", "broken output: " + "; ".join(step.scores.sanity.reasons)
     if step.scores and step.scores.psnr_db is not None and step.scores.psnr_db < rules.min_psnr_db:
@@ -142,7 +143,10 @@ def _close(x: int | None, y: int | None) -> bool:
 
 
 def server_says(failure: Failure) -> tuple[str, ...]:
-    """The server's own last error lines in a failure's evidence; else its last log line."""
+    """The server's own last error lines in a failure's evidence; else its last log line. Where the scheduler
+    ended the server, its line (slurmstepd's CANCELLED, first in the evidence) says why, not srun's last."""
+    if failure.kind in CLUSTER_CLASS.values():
+        return failure.evidence[:1]
     return error_lines("\n".join(failure.evidence)) or failure.evidence[-1:]
 
 

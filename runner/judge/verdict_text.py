@@ -185,9 +185,14 @@ def _oom_sentence(flags: str, m: MemoryModel) -> str | None:
     text = f"It ran out of memory {_where(oom)}{site}" + (": " + ", ".join(parts) if parts else "") + "."
     if oom.references is None and (need := _load_need(oom, m.capacity_source)) is not None:
         held, cap = need[0], oom.capacity_bytes or 0
-        text += (f" Loading needs at least {size(held + (oom.tried_bytes or 0))} ({size(held)} {need[1]} + "
-                 f"{size(oom.tried_bytes)}) against {size(cap)} usable: short by at least "
-                 f"{size(held + (oom.tried_bytes or 0) - cap)}.")
+        total = held + (oom.tried_bytes or 0)
+        text += f" Loading needs at least {size(total)} ({size(held)} {need[1]} + {size(oom.tried_bytes)})"
+        if total > cap:
+            text += f" against {size(cap)} usable: short by at least {size(total - cap)}."
+        else:  # within the capacity: what ran out was held outside this process (other processes on the GPU)
+            free = f" and {size(oom.free_bytes)} free" if oom.free_bytes is not None else ""
+            text += (f", within the {size(cap)} the message states{free}: the rest was held outside this "
+                     "process (other processes on the GPU), not by this load.")
     fixed, slope = m.fixed_bytes, m.per_reference_bytes
     if oom.references is not None and fixed is not None and slope is not None and m.capacity_bytes is not None:
         at_oom = fixed + slope * oom.references
@@ -227,9 +232,8 @@ def flag_set_sentence(flags: str, role: str, m: MemoryModel) -> str:
         if m.predicted_from == "measured":
             need = f"At {_refs(t)} it peaks at {size(m.predicted_peak_bytes)}"
         else:
-            last = m.peaks[-1]
-            need = (f"At {_refs(t)} the line gives {size(m.predicted_peak_bytes)} "
-                    f"({size(last.bytes)} + {t - last.references} × {size(m.per_reference_bytes)})")
+            need = (f"At {_refs(t)} the line gives {size(m.predicted_peak_bytes)} "  # the line's own sum
+                    f"({size(m.fixed_bytes)} fixed + {t} × {size(m.per_reference_bytes)})")
         gap = (f"short by {size(m.shortfall_bytes)}" if m.shortfall_bytes > 0
                else f"{size(-m.shortfall_bytes)} of headroom")
         out.append(f"{need} against {size(m.capacity_bytes)} usable "

@@ -19,12 +19,16 @@ fields it has and leaves the others absent):
 
 from __future__ import annotations
 
+import math
 import re
 
 from runner.core.records import OomReport
+from runner.observe.reading import MAX_BYTES
 from runner.observe.traceback import SERVER_PACKAGES, oom_traceback, site_of, strip_prefix
 
-SIZE = r"(\d+(?:\.\d+)?)\s*(bytes|KiB|MiB|GiB|TiB|B|KB|MB|GB|TB)"
+# A figure with its sign and exponent (a hostile or broken message may write "-2.00 GiB" or "1e30 GiB": read
+# as 2 or 30 GiB they would be figures the message never gave), never the tail of a longer token.
+SIZE = r"(?<![\w.])([-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)\s*(bytes|KiB|MiB|GiB|TiB|B|KB|MB|GB|TB)\b"
 UNITS = {"bytes": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
          "kb": 2**10, "mb": 2**20, "gb": 2**30, "tb": 2**40}  # torch's "MB" (< 1.10) meant MiB too
 START = re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory", re.IGNORECASE)
@@ -44,8 +48,13 @@ FIELDS: dict[str, tuple[re.Pattern[str], ...]] = {
 RESERVED_TOTAL = re.compile(SIZE + r" reserved in total by PyTorch", re.I)
 
 
-def to_bytes(number: str, unit: str) -> int:
-    return round(float(number) * UNITS[unit.lower()])
+def to_bytes(number: str, unit: str) -> int | None:
+    """A figure of the message in bytes; None (absent, like a field the message lacks) for one no device can
+    have: negative, not finite (a 400-digit number is infinite as a float), or at or beyond 1 PiB."""
+    value = float(number) * UNITS[unit.lower()]
+    if not math.isfinite(value) or value < 0 or value >= MAX_BYTES:
+        return None
+    return round(value)
 
 
 def _first(patterns: tuple[re.Pattern[str], ...], text: str) -> int | None:
@@ -53,6 +62,11 @@ def _first(patterns: tuple[re.Pattern[str], ...], text: str) -> int | None:
         if m := pattern.search(text):
             return to_bytes(m.group(1), m.group(2))
     return None
+
+
+def _valid(found: dict[str, int | None]) -> dict[str, int | None]:
+    """A capacity or a cap of 0 bytes is none a device has: absent (it would make every peak a shortfall)."""
+    return {k: None if k in ("capacity_bytes", "allowed_bytes") and v == 0 else v for k, v in found.items()}
 
 
 def last_message(text: str) -> str | None:
@@ -80,9 +94,10 @@ def parse_message(message: str) -> dict[str, int | None]:
     found = {name: _first(patterns, message) for name, patterns in FIELDS.items()}
     allocated = found["allocated_bytes"]
     m = RESERVED_TOTAL.search(message)  # torch < 2.1: reserved in total, not its unallocated part
-    if found["reserved_unallocated_bytes"] is None and allocated is not None and m:
-        found["reserved_unallocated_bytes"] = max(to_bytes(m.group(1), m.group(2)) - allocated, 0)
-    return found
+    total = to_bytes(m.group(1), m.group(2)) if m else None
+    if found["reserved_unallocated_bytes"] is None and allocated is not None and total is not None:
+        found["reserved_unallocated_bytes"] = max(total - allocated, 0)
+    return _valid(found)
 
 
 def read_oom(*, body: str = "", log: str = "", own: tuple[str, ...] = SERVER_PACKAGES) -> OomReport | None:

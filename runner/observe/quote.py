@@ -25,9 +25,10 @@ LIMIT = 64_000  # characters of one quoted text (a log window, a body) kept in a
 _CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 _CONTROL_OR_NL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 # HTML syntax becomes character references, the Markdown characters that open links, images, code spans,
-# emphasis or a table cell are backslash-escaped: the text renders as itself and never as markup.
+# emphasis (`*`, `_`, `~~`: Markdown reads them inside a <code> element too, so a site `__init__.py` would be
+# bold) or a table cell are backslash-escaped: the text renders as itself and never as markup.
 _HTML = {"<": "&lt;", ">": "&gt;", "&": "&amp;"}
-_MARKUP = re.compile(r"[<>&\\`*\[\]|]")
+_MARKUP = re.compile(r"[<>&\\`*_~\[\]|]")
 
 
 def _visible(match: re.Match[str]) -> str:

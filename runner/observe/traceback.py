@@ -3,7 +3,8 @@
 Logs are read as they are: each line may carry a worker-process prefix (`(EngineCore_0 pid=4242) `,
 `(DiffusionWorker pid=4243) `) and lines of other processes may sit between a traceback's lines; a
 traceback's lines are followed per prefix, so an interleaved line of another process neither ends nor joins
-it. The traceback read is the last one whose exception is an out-of-memory error.
+it. The traceback read is the last one whose exception is an out-of-memory error; one longer than the log
+window (its header left out) is read from its first whole frame.
 
 The site rule (docs/results.md): the site is the innermost frame of the server's own code, where a frame is
 the server's own when
@@ -34,7 +35,11 @@ FRAMEWORKS = ("torch", "torchvision", "torchaudio", "triton", "functorch", "nump
               "xformers", "flash_attn", "bitsandbytes", "torchao")
 CALLERS_KEPT = 3
 
-PREFIX = re.compile(r"^\((?P<who>[A-Za-z][\w.-]*(?: [\w.-]+)*? pid=\d+)\)\s?")
+# vLLM's `_add_prefix` writes `(VllmWorker rank=0 pid=4242) `, coloured on a terminal
+# (`\x1b[1;36m(DiffusionWorker pid=4243)\x1b[0;0m `); the log window is read inert (quote.py), where ESC is
+# the visible text `\x1b`: both spellings of the colour codes are part of the prefix.
+_SGR = r"(?:\x1b|\\x1b)\[[0-9;]*m"
+PREFIX = re.compile(rf"^(?:{_SGR})*\((?P<who>[A-Za-z][\w.-]*(?: [\w.=-]+)*? pid=\d+)\)(?:{_SGR})*\s?")
 FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)')
 START = re.compile(r"^\s*Traceback \(most recent call last\):")
 EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Fault|OutOfMemory)\b")
@@ -72,7 +77,11 @@ def tracebacks(text: str) -> list[tuple[list[tuple[str, int, str, str | None]], 
             continue
         block = open_.get(who)
         if block is None:
-            continue
+            if not FRAME.match(line):
+                continue
+            # A frame with no header before it: a traceback longer than the log window, its header left
+            # out; its tail holds the innermost frames and the exception, what the site is read from.
+            block = open_[who] = _Block()
         if m := FRAME.match(line):
             block.frames.append((m["path"], int(m["line"]), m["function"], None))
             block.expect_code = True

@@ -392,6 +392,10 @@ class Card(Table):
     def _one_capacity(self) -> Card:
         if (self.vram_gib_setting is None) == (self.vram_mib is None):
             raise OptionError("vram_gib", "is required (or vram_mib), exactly one of the two")
+        key = "vram_gib" if self.vram_gib_setting is not None else "vram_mib"
+        value = self.vram_gib_setting if self.vram_gib_setting is not None else self.vram_mib
+        if not 2**20 <= self.vram_gib * 2**30 < 2**50:  # a capacity in whole MiB, below 1 PiB (observe.reading)
+            raise OptionError(key, f"must be a device's capacity, at least 1 MiB and below 1 PiB, got {value:g}")
         return self
 
     @classmethod

@@ -105,9 +105,26 @@ def load_summary(run_dir: Path) -> RunSummary:
     if not path.exists() and not (run_dir / "run.json").is_file():
         raise UserError(f"{run_dir}: not a run directory (no verdict.json, no run.json)")
     try:
-        doc: dict[str, Any] = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UserError(f"{path}: cannot read verdicts ({exc}); run `runner report {run_dir}` first") from None
+        doc = json.loads(path.read_bytes())
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read verdicts ({exc.strerror or exc}); run `runner report {run_dir}` "
+                        "first") from None
+    except RecursionError:
+        raise UserError(f"{path}: not a verdict.json (nested too deep)") from None
+    except ValueError as exc:  # not JSON, or not UTF-8
+        raise UserError(f"{path}: cannot read verdicts ({getattr(exc, 'msg', exc)}); run `runner report "
+                        f"{run_dir}` first") from None
+    try:
+        return _summary(doc)
+    except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:
+        what = f"missing {exc}" if isinstance(exc, KeyError) else str(exc) or type(exc).__name__
+        raise UserError(f"{path}: not a verdict.json this runner reads: {what[:200]}") from None
+
+
+def _summary(doc: Any) -> RunSummary:
+    """verdict.json → RunSummary; a shape of another version raises KeyError, TypeError or ValueError."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("verdicts"), list):
+        raise ValueError("no list of verdicts")
     worlds, cells, stops = {}, {}, {}
     for v in doc["verdicts"]:
         worlds[v["card"]] = World(v["world"])
@@ -115,8 +132,12 @@ def load_summary(run_dir: Path) -> RunSummary:
         stops[v["card"]] = tuple(Blocked.from_json(f, b) for f, b in stories.items() if isinstance(b, dict))
         for c in v["cells"]:
             cell = Cell(**{**c, "steps": tuple(c["steps"]), "walls_s": tuple(c.get("walls_s", ()))})
+            walls = [w for w in (cell.wall_s, cell.wall_min_s, cell.wall_max_s, *cell.walls_s) if w is not None]
+            if not all(isinstance(w, (int, float)) and math.isfinite(w) and w > 0 for w in walls):
+                raise ValueError(f"{v['card']}/{cell.flags} at {cell.references}: a wall time that is not a "
+                                 "positive number")
             cells[(v["card"], cell.flags, cell.references)] = cell
-    return RunSummary(doc["run_id"], worlds, cells, stops)
+    return RunSummary(str(doc["run_id"]), worlds, cells, stops)
 
 
 def changes(a: RunSummary, b: RunSummary) -> tuple[list[CellChange], float, int]:

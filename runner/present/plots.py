@@ -71,8 +71,8 @@ def step_outcome(step: StepRecord) -> str | None:
 def start_failure_label(failure: Failure) -> str:
     if failure.kind == FailureClass.OOM_AT_LOAD and failure.oom is not None and failure.oom.memory == "host":
         return "host-memory OOM at load"  # the kernel's OOM killer: host RAM, not the card's memory
-    return {"oom_at_load": "OOM at load", "load_exit": "exited while loading",
-            "ready_timeout": "never ready (timeout)"}.get(str(failure.kind), f"never ready ({failure.kind})")
+    return {"oom_at_load": "OOM at load", "load_exit": "exited while loading", "ready_timeout": "never ready (timeout)",
+            "refused": "refused by the scheduler"}.get(str(failure.kind), f"never ready ({failure.kind})")
 
 
 def save(fig: Figure, out: Path) -> Path:

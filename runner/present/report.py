@@ -20,7 +20,7 @@ from runner.judge.verdict_text import findings_lines, summary
 from runner.observe import quote
 from runner.observe.failures import without_stamp
 from runner.present import plots
-from runner.run.store import RunStore, atomic_write, inside, load_memory
+from runner.run.store import RunStore, StoreError, atomic_write, inside, load_memory
 
 TERMS = [
     "**request peak** — one request's device-memory peak, from the first available source in the card's meter "
@@ -198,7 +198,10 @@ def write_report(store: RunStore, verdicts: list[Verdict], cost: Sequence[str] =
     planned = {key: i for i, key in enumerate(run.get("plan", {}).get("sessions", []))}
     sessions.sort(key=lambda s: planned.get(s.key, len(planned)))
     out = store.root / "plots"
-    out.mkdir(exist_ok=True)
+    try:
+        out.mkdir(exist_ok=True)
+    except OSError as exc:  # a file named plots where the folder goes, a read-only folder
+        raise StoreError(f"{out}: cannot hold the plots ({exc.strerror or exc})") from None
     cards: dict[str, Any] = run.get("cards", {})
     all_flags = list(dict.fromkeys([s.flags for s in sessions] + [c.flags for v in verdicts for c in v.cells]))
     styles = plots.flag_styles(all_flags)

@@ -21,9 +21,11 @@ from pydantic import BaseModel, ConfigDict
 from pydantic.json_schema import models_json_schema
 
 from runner.core import records
+from runner.core.errors import UserError
 from runner.judge.decision import Verdict
 from runner.judge.findings.models import Findings, Profiles
 from runner.plan import matrix
+from runner.run.store import write_output
 
 FOLDER = Path(__file__).resolve().parents[1] / "schema"  # runner/schema: package data beside the stages
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -90,10 +92,13 @@ def texts() -> dict[str, str]:
 
 def write(folder: Path = FOLDER) -> list[Path]:
     """Write every schema into `folder`; returns the paths written."""
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot write schemas into {folder}: {exc.strerror or exc}") from None
     out = []
     for name, text in texts().items():
         path = folder / name
-        path.write_text(text)
+        write_output(path, text)
         out.append(path)
     return out

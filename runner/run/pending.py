@@ -2,7 +2,8 @@
 
 A step is done when it was attempted (ok or failed) or decided without sending: skipped as implied by a
 recorded OOM, or its session's server ran out of memory at load (not retried: an OOM at load stays one).
-A request cut by a stop from outside (the server SIGTERMed, its engine gone) and steps
+A request cut by a stop from outside (the server SIGTERMed, its engine gone, the scheduler ended it:
+cancelled, preempted, time limit, node failure) and steps
 skipped for a passing reason (run interrupted, restart budget used, GPU held by someone else, a
 start failure that is not memory) are to do again. Resume, the banner and the progress totals all use this.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from runner.core.records import FailureClass, SessionRecord, Status, StepRecord
+from runner.core.records import FailureClass, SessionRecord, StepRecord, send_again
 from runner.plan.lanes import Lane, Plan, Session
 
 
@@ -32,11 +33,9 @@ class Pending:
 
 
 def step_done(record: StepRecord) -> bool:
-    """Attempted, or decided without sending; a request cut by a stop from outside (FailureClass.STOPPED)
-    measured nothing and is to do again."""
-    if record.failure is not None and record.failure.kind == FailureClass.STOPPED:
-        return False
-    return record.status != Status.SKIPPED or record.implied_by is not None
+    """Attempted, or decided without sending; a request cut by a stop from outside (a signal, its engine
+    gone, the scheduler: runner.core.records.SEND_AGAIN) measured nothing and is to do again."""
+    return not send_again(record)
 
 
 def oom_at_load(session: SessionRecord | None) -> bool:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from runner.core.errors import UserError
-from runner.core.records import Record, RecordError, SessionRecord, StepRecord, load
+from runner.core.records import SCHEMA_VERSION, Record, RecordError, SessionRecord, StepRecord, load
 
 R = TypeVar("R", bound=Record)
 
@@ -80,6 +80,28 @@ def atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
+def write_output(path: Path, text: str) -> None:
+    """A file a side command was asked to write (`compare --out`, `schema --out`): written beside its name and
+    renamed over it (a symlink planted there is replaced, never written through); its folder must exist; a
+    failure is one line."""
+    if not path.parent.is_dir():
+        raise UserError(f"cannot write {path}: no folder {path.parent}")
+    if path.is_dir():
+        raise UserError(f"cannot write {path}: it is a folder")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
+    try:
+        os.fchmod(fd, FILE_MODE)
+        with os.fdopen(fd, "wb") as f:
+            f.write(text.encode())
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
 def _store_error(path: Path, exc: OSError) -> StoreError:
     return StoreError(f"cannot write {path}: {exc.strerror or exc}; the run stopped there, and every record "
                       f"finished before it is kept")
@@ -93,6 +115,23 @@ class BadRecord(ValueError):
     """A file where a record should be that is not one (empty, truncated, not JSON, wrong shape)."""
 
 
+class _NotARecordValue(ValueError):
+    pass
+
+
+RECORD_INT_DIGITS = 20  # every count, byte figure and epoch of a record fits; 10**400 is an edit, not a figure
+
+
+def _record_int(text: str) -> int:
+    if len(text.lstrip("-")) > RECORD_INT_DIGITS:
+        raise _NotARecordValue(f"a number of {len(text.lstrip('-'))} digits: no record holds one")
+    return int(text)
+
+
+def _no_constant(text: str) -> float:
+    raise _NotARecordValue(f"{text}: not a JSON number (no record holds one)")
+
+
 def read_record(path: Path) -> dict[str, Any]:
     """A record file's JSON object, or BadRecord saying in words what is wrong with it."""
     try:
@@ -102,7 +141,11 @@ def read_record(path: Path) -> dict[str, Any]:
     if not data.strip():
         raise BadRecord(f"empty ({len(data)} bytes)")
     try:
-        doc = json.loads(data)
+        doc = json.loads(data, parse_int=_record_int, parse_constant=_no_constant)
+    except _NotARecordValue as exc:
+        raise BadRecord(str(exc)) from None
+    except RecursionError:  # an edited file nested thousands deep: json's parser recurses
+        raise BadRecord(f"nested too deep to be a record ({len(data)} bytes)") from None
     except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
         raise BadRecord(f"not valid JSON ({getattr(exc, 'msg', exc)}; {len(data)} bytes, truncated?)") from None
     if not isinstance(doc, dict):
@@ -208,6 +251,19 @@ class RunStore:
                 continue
             records.append(record)
         return records
+
+    def newer_records(self) -> list[Path]:
+        """Step and session records a newer runner wrote (schema_version above this one's): a resume must not
+        send their steps again and overwrite them."""
+        newer = []
+        for path in sorted([*self.root.glob("*/*/refs-*/*.json"), *self.root.glob("*/*/session.json")]):
+            try:
+                version = read_record(path).get("schema_version", 1)
+            except BadRecord:
+                continue
+            if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
+                newer.append(path)
+        return newer
 
     def load_sessions(self) -> list[SessionRecord]:
         out = []

@@ -4,15 +4,28 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
 from runner.slurm import parse
 from runner.slurm.parse import Job, Node, Step
 
 TIMEOUT_S = 30.0
 COMMANDS = ("sbatch", "srun", "squeue", "scancel", "scontrol", "sinfo")
+# A controller that restarts (or fails over) does not answer for about a minute: a query waits that out,
+# asking again every OUTAGE_POLL_S, for at most OUTAGE_S; then the error stands.
+OUTAGE_S, OUTAGE_POLL_S = 120.0, 2.0
+OUTAGE = re.compile(r"contact slurm controller|connect(ion)? (failure|refused)|timed out|zero bytes were transmitted"
+                    r"|no answer within|slurmctld.*(down|not responding)", re.IGNORECASE)
+# What configures the client (which slurm.conf, which clusters) is the user's and stays; what describes a
+# surrounding job (SLURM_JOB_ID, SLURM_NTASKS, …) and the commands' own input options go.
+CLIENT_CONFIG = frozenset({"SLURM_CONF", "SLURM_CLUSTERS"})
+JOB_CONTEXT = ("SLURM_", "SQUEUE_", "SBATCH_", "SRUN_")
+T = TypeVar("T")
 
 
 class SlurmError(RuntimeError):
@@ -24,10 +37,14 @@ def missing_commands() -> list[str]:
     return [c for c in COMMANDS if shutil.which(c) is None]
 
 
+def without_job_context(env: Mapping[str, str]) -> dict[str, str]:
+    """An environment without a surrounding job's variables (a runner started inside an allocation would
+    otherwise submit into it, or read its output format settings), the client's configuration kept."""
+    return {k: v for k, v in env.items() if k in CLIENT_CONFIG or not k.startswith(JOB_CONTEXT)}
+
+
 def _env() -> dict[str, str]:
-    # Our own calls must not inherit a surrounding job's SLURM_* (a runner started inside an allocation
-    # would otherwise submit into it, or read its output format settings).
-    return {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SQUEUE_", "SBATCH_", "SRUN_"))}
+    return without_job_context(os.environ)
 
 
 def run(argv: Sequence[str], *, timeout_s: float = TIMEOUT_S, stdin: str | None = None) -> str:
@@ -40,9 +57,29 @@ def run(argv: Sequence[str], *, timeout_s: float = TIMEOUT_S, stdin: str | None 
     except subprocess.TimeoutExpired:
         raise SlurmError(f"{argv[0]}: no answer within {timeout_s:.0f} s") from None
     if done.returncode != 0:
-        lines = [ln.strip() for ln in (done.stderr or done.stdout).splitlines() if ln.strip()]
+        # the last line that says something: scontrol's "*****…" banner around "RESTORE SLURMCTLD" says nothing
+        lines = [ln.strip() for ln in (done.stderr or done.stdout).splitlines()
+                 if any(c.isalnum() for c in ln) and "RESTORE SLURMCTLD" not in ln]
         raise SlurmError((lines[-1] if lines else f"{argv[0]} exited with {done.returncode}")[:300])
     return done.stdout[:8_000_000]
+
+
+def _query(argv: Sequence[str], read: Callable[[str], T]) -> T:
+    """A read-only command and its output read, asked again while the controller does not answer (an
+    `errors` array from `--json`, a connect failure) for at most OUTAGE_S; every failure a SlurmError."""
+    deadline = time.monotonic() + OUTAGE_S
+    while True:
+        try:
+            return read(run(argv))
+        except parse.SlurmParseError as exc:
+            error = SlurmError(str(exc)[:300])
+        except SlurmError as exc:
+            error = exc
+        if not OUTAGE.search(str(error)):
+            raise error
+        if time.monotonic() >= deadline:
+            raise SlurmError(f"{error} (the controller did not answer for {OUTAGE_S:.0f} s)") from None
+        time.sleep(OUTAGE_POLL_S)
 
 
 def ping(timeout_s: float = 10.0) -> None:
@@ -56,7 +93,7 @@ def ping(timeout_s: float = 10.0) -> None:
 
 
 def nodes() -> list[Node]:
-    return parse.nodes_from_sinfo_json(run(["sinfo", "--json"]))
+    return _query(["sinfo", "--json"], parse.nodes_from_sinfo_json)
 
 
 def partition(name: str) -> dict[str, str] | None:
@@ -88,7 +125,7 @@ def jobs(*, job_ids: Sequence[int] = (), name: str | None = None, user: str | No
     if all_states:
         argv += ["--states", "all"]
     try:
-        return parse.jobs_from_squeue_json(run(argv))
+        return _query(argv, parse.jobs_from_squeue_json)
     except SlurmError as exc:
         if job_ids and "Invalid job id" in str(exc):
             return []  # purged from the controller's memory: long finished
@@ -101,7 +138,7 @@ def job(job_id: int) -> Job | None:
 
 
 def steps(job_id: int) -> list[Step]:
-    return parse.steps_from_squeue(run(["squeue", "-s", "-h", "-j", str(job_id), "-o", "%i|%j|%N"]))
+    return _query(["squeue", "-s", "-h", "-j", str(job_id), "-o", "%i|%j|%N"], parse.steps_from_squeue)
 
 
 def scancel(target: str | int, *, signal: str | None = None, quiet: bool = True) -> None:

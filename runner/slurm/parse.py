@@ -149,6 +149,28 @@ def requested_gpu_type(gres: str) -> str | None:
     return None if parts[1].isdigit() else parts[1]
 
 
+def requested_gpu_count(gres: str) -> int | None:
+    """How many GPUs a request asks for: "gpu:rtx3090:3" → 3, "gpu:2" → 2, "gpu" or "rtx3090" → 1; None when
+    the count is not a number."""
+    parts = gres.removeprefix("gres:").split(":")
+    last = parts[-1].split("(")[0]
+    if len(parts) == 1 or (len(parts) == 2 and not last.isdigit()):
+        return 1
+    return int(last) if last.isdigit() else None
+
+
+def gpus_offered(gres: tuple[str, ...] | list[str], gpu_type: str | None) -> int:
+    """A node's GPUs of a type (any type: None), from sinfo's gres ("gpu:rtx3090:2", "gpu:4(S:0-1)")."""
+    total = 0
+    for g in gres:
+        parts = g.split("(")[0].split(":")
+        if parts[0] != "gpu" or not parts[-1].isdigit():
+            continue
+        if gpu_type is None or (len(parts) == 3 and parts[1] == gpu_type):
+            total += int(parts[-1])
+    return total
+
+
 def steps_from_squeue(text: str) -> list[Step]:
     """`squeue -s -h -o '%i|%j|%N'` (steps have no --json in 22.05) → steps."""
     out = []

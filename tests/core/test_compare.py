@@ -127,3 +127,68 @@ def test_a_cell_with_three_sends_a_step_and_one_with_one_are_compared_alike(tmp_
     slower = load_summary(write_run(tmp_path / "c", "run-c", cell((2.0, 2.1, 1.95), (2.05, 2.0, 2.1)), sessions))
     assert "No changed cells." in render(one, three) and "No changed cells." in render(three, one)
     assert "1 of 1 cell(s) changed beyond noise" in render(one, slower)
+
+
+# --- issue 30 C-1, C-3, C-4: foreign verdict.json files and --out paths are one line -------------------------
+
+def _good(tmp: Path) -> Path:
+    return write_run(tmp / "good", "run-good", [step("default", "default", 1)], [session("default", "default")])
+
+
+def _compare(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "runner", "compare", *argv], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_compare_on_a_verdict_json_of_another_shape_is_one_line(tmp_path: Path) -> None:
+    good = _good(tmp_path)
+    doc = json.loads((good / "verdict.json").read_text())
+    cell = doc["verdicts"][0]["cells"][0]
+
+    def edited(change) -> bytes:  # type: ignore[no-untyped-def]
+        d = json.loads(json.dumps(doc))
+        change(d)
+        return json.dumps(d).encode()
+
+    shapes = {
+        "unknown-cell-key": edited(lambda d: d["verdicts"][0]["cells"][0].update(colour="red")),
+        "missing-cell-field": edited(lambda d: d["verdicts"][0]["cells"][0].pop("served")),
+        "unknown-world": edited(lambda d: d["verdicts"][0].update(world="maybe")),
+        "no-verdicts": edited(lambda d: d.pop("verdicts")),
+        "a-list": b"[1, 2]",
+        "not-utf8": b'{"run_id": "\xff\xfe"}',
+        "deep": b"[" * 100_000 + b"]" * 100_000,
+        "zero-walls": edited(lambda d: d["verdicts"][0]["cells"][0].update(wall_s=0.0, walls_s=[0.0, 0.0],
+                                                                          wall_min_s=0.0, wall_max_s=0.0)),
+    }
+    assert cell["served"] is True
+    for name, data in shapes.items():
+        bad = tmp_path / name
+        bad.mkdir()
+        (bad / "verdict.json").write_bytes(data)
+        proc = _compare(str(good), str(bad))
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, (name, proc.stderr[-2000:])
+        (line,) = proc.stderr.strip().splitlines()
+        assert line.startswith(f"runner: error: {bad / 'verdict.json'}: "), (name, line)
+
+
+def test_compare_out_and_schema_out_are_one_line_and_never_write_through_a_link(tmp_path: Path) -> None:
+    good = _good(tmp_path)
+    for out in (tmp_path / "no-such" / "c.md", tmp_path, Path("/proc/version")):
+        proc = _compare(str(good), str(good), "--out", str(out))
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, (out, proc.stderr[-2000:])
+        assert len(proc.stderr.strip().splitlines()) == 1 and str(out) in proc.stderr, proc.stderr
+    (tmp_path / "file").write_text("x")
+    for folder in (tmp_path / "file", Path("/proc/sys")):
+        proc = subprocess.run([sys.executable, "-m", "runner", "schema", "--out", str(folder)], capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, (folder, proc.stderr[-2000:])
+    # C-4: a symlink planted in the folder is replaced by the schema, its target untouched
+    target, folder = tmp_path / "precious.txt", tmp_path / "schemas"
+    target.write_text("keep me")
+    folder.mkdir()
+    (folder / "verdict.schema.json").symlink_to(target)
+    proc = subprocess.run([sys.executable, "-m", "runner", "schema", "--out", str(folder)], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert target.read_text() == "keep me" and not (folder / "verdict.schema.json").is_symlink()

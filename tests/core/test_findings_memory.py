@@ -17,6 +17,7 @@ from runner.core.records import (
     Status,
     StepRecord,
 )
+from runner.judge.decision import Verdict
 from runner.judge.findings.build import allocator_pairs, card_findings
 from runner.judge.findings.memory import fit, memory_model
 from runner.judge.findings.profiles import profiles
@@ -131,7 +132,7 @@ def test_findings_sentences_are_the_records_numbers() -> None:
     m = v.findings.flag_sets["default"].memory
     assert f"One more reference costs {size(m.per_reference_bytes)}" in text
     assert f"short by {size(m.shortfall_bytes)}" in text and "(the per-process cap its OOM message states)" in text
-    assert ("<code>/home/user/probe/qwen_oom.py:29</code> in <code>run</code> stopped default at 4 refs "
+    assert ("<code>/home/user/probe/qwen\\_oom.py:29</code> in <code>run</code> stopped default at 4 refs "
             "(tried 480.00 MiB)") in text
     assert "246.14 MiB reserved but unallocated" in text
     assert text.startswith("The reference path works: <code>c/default/refs-1/f-seed-1</code>")
@@ -152,6 +153,17 @@ def test_profiles_list_who_serves_each_count_fastest_first_and_drop_the_too_slow
     assert one.serve[1].headroom_bytes == 3 * GIB - GIB // 2 and one.serve[1].latency_ratio == 1.5
 
 
+def load_oom_verdict(message: str) -> Verdict:
+    """The verdict of a 16 GiB card whose only flag set ran out of memory at load with this message."""
+    failure = Failure(kind=FailureClass.OOM_AT_LOAD, message="out of memory at load", evidence=(), http_status=None,
+                      exit_code=1, oom=read_oom(log=message))
+    sess = SessionRecord(key="c/default", card="c", flags="default", role="default", backend="local",
+                         starts=(ServerStart(attempt=0, started_at=0.0, ready_s=None, failure=failure),))
+    skipped = StepRecord(key="c/default/refs-1/f-seed-1", card="c", flags="default", role="default", fixture="f",
+                         references=1, seed=1, status=Status.SKIPPED, skip_reason="server did not start")
+    return decide("c", [skipped], [sess], RULES, capacity_bytes=16 * GIB)
+
+
 def test_a_load_oom_says_how_short_loading_is_and_where() -> None:
     # the seed's 5080: every flag set out of memory at init, 96 MiB short of room, in vLLM-Omni's init path
     message = ("(EngineCore_0 pid=9) Traceback (most recent call last):\n"
@@ -162,13 +174,7 @@ def test_a_load_oom_says_how_short_loading_is_and_where() -> None:
                "has a total capacity of 15.47 GiB of which 33.06 MiB is free. Including non-PyTorch memory, this "
                "process has 15.43 GiB memory in use. Of the allocated memory 15.01 GiB is allocated by PyTorch, and "
                "12.34 MiB is reserved by PyTorch but unallocated.\n")
-    failure = Failure(kind=FailureClass.OOM_AT_LOAD, message="out of memory at load", evidence=(), http_status=None,
-                      exit_code=1, oom=read_oom(log=message))
-    sess = SessionRecord(key="c/default", card="c", flags="default", role="default", backend="local",
-                         starts=(ServerStart(attempt=0, started_at=0.0, ready_s=None, failure=failure),))
-    skipped = StepRecord(key="c/default/refs-1/f-seed-1", card="c", flags="default", role="default", fixture="f",
-                         references=1, seed=1, status=Status.SKIPPED, skip_reason="server did not start")
-    v = decide("c", [skipped], [sess], RULES, capacity_bytes=16 * GIB)
+    v = load_oom_verdict(message)
     assert v.world == "not-built" and v.findings is not None
     (site,) = v.findings.contribution_sites
     assert (site.site, site.function, site.references) == ("vllm_omni/diffusion/models/utils.py:163",
@@ -177,3 +183,68 @@ def test_a_load_oom_says_how_short_loading_is_and_where() -> None:
     assert ("Loading needs at least 15.52 GiB (15.43 GiB in use + 96.00 MiB) against 15.47 GiB usable: short by at "
             "least") in text
     assert "every failure was out of memory" in text  # functional: not known, memory came first
+
+
+# --- pathological peaks and OOMs (issue 30) ----------------------------------------------------------------
+
+MIB = 2**20
+
+
+def test_peaks_that_fall_as_references_rise_predict_nothing_and_say_so() -> None:
+    # M-1: a line with a negative slope gave a negative predicted peak and "11.00 MiB of headroom" on 8 MiB
+    steps = [served("default", 1, 5 * MIB), served("default", 2, 4 * MIB + MIB // 2), served("default", 3, 4 * MIB)]
+    m = memory_model(steps, session("default"), 4, 8 * MIB)
+    assert m.predicted_peak_bytes is None and m.shortfall_bytes is None
+    assert m.fixed_bytes is None and m.per_reference_bytes is None
+    assert m.no_line is not None and "not used to predict" in m.no_line and "-512.00 KiB" not in m.no_line
+    v = decide("c", steps, [session("default")], RULES, capacity_bytes=8 * MIB)
+    text = "\n".join(findings_lines(v))
+    assert "headroom" not in text and "the line gives" not in text and "fixed -" not in text, text
+    assert "a line that does not describe the data, not used to predict" in text
+    # a negative working set (the line's value at 0) is no line either
+    rising = [served("default", 1, 1 * MIB), served("default", 2, 10 * MIB)]
+    m = memory_model(rising, session("default"), 4, 64 * MIB)
+    assert m.predicted_peak_bytes is None and m.fixed_bytes is None and "fixed size" in (m.no_line or "")
+
+
+def test_the_worked_sum_adds_up_to_the_prediction() -> None:
+    # M-2: "10.53 MiB (7.90 MiB + 1 × 3.95 MiB)": the sum started from the last peak, the prediction from the line
+    steps = [served("default", 1, 4 * MIB), served("default", 2, 9 * MIB), served("default", 3, 11 * MIB)]
+    v = decide("c", steps, [session("default")], RULES, capacity_bytes=64 * MIB)
+    m = v.findings.flag_sets["default"].memory if v.findings else None
+    assert m is not None and m.predicted_from == "line" and m.fixed_bytes is not None and m.per_reference_bytes
+    assert m.predicted_peak_bytes == m.fixed_bytes + 4 * m.per_reference_bytes
+    text = "\n".join(findings_lines(v))
+    assert (f"the line gives {size(m.predicted_peak_bytes)} ({size(m.fixed_bytes)} fixed + 4 × "
+            f"{size(m.per_reference_bytes)})") in text, text
+
+
+def test_a_load_oom_within_the_capacity_is_not_a_negative_shortfall() -> None:
+    # F-4: other processes held the GPU: this load's use + the allocation fit the total, yet it ran out
+    message = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 96.00 MiB. GPU 0 has a total capacity "
+               "of 15.47 GiB of which 20.00 MiB is free. Including non-PyTorch memory, this process has 15.17 GiB "
+               "memory in use. Of the allocated memory 15.01 GiB is allocated by PyTorch, and 12.34 MiB is reserved "
+               "by PyTorch but unallocated.\n")
+    v = load_oom_verdict(message)
+    text = "\n".join(findings_lines(v))
+    assert "short by at least -" not in text and "short by at least" not in text, text
+    assert ("Loading needs at least 15.26 GiB (15.17 GiB in use + 96.00 MiB), within the 15.47 GiB the message "
+            "states and 20.00 MiB free: the rest was held outside this process") in text, text
+
+
+def test_site_names_render_as_themselves_in_markdown() -> None:
+    # F-6: `__init__`, `_x_` and `~~` inside <code> still made bold, italic and strikethrough in report.md
+    from markdown_it import MarkdownIt
+
+    tb = ("Traceback (most recent call last):\n"
+          '  File "/venv/lib/python3.12/site-packages/vllm_omni/diffusion/__init__.py", line 12, in _x_\n'
+          "    y()\n"
+          '  File "/venv/lib/python3.12/site-packages/vllm_omni/~~gone~~/a*b*.py", line 3, in __call__\n'
+          "    z()\n"
+          "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 MiB.\n")
+    steps = [served("default", 1, GIB), oom_step("default", 2, tb)]
+    v = decide("c", steps, [session("default")], RULES, capacity_bytes=24 * GIB)
+    html = MarkdownIt("commonmark").enable("strikethrough").render("\n".join(findings_lines(v)))
+    html = html.replace("<strong>default</strong>", "")  # the flag set's own heading
+    assert "<strong>" not in html and "<em>" not in html and "<s>" not in html, html
+    assert "vllm_omni/~~gone~~/a*b*.py:3" in html and "<code>__call__</code>" in html, html

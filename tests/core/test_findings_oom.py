@@ -166,3 +166,62 @@ def test_paths_and_ownership() -> None:
     assert clone == ("vllm_omni/diffusion/models/utils.py", "vllm_omni")
     assert not is_own("/usr/lib/python3.12/contextlib.py") and not is_own("<frozen runpy>")
     assert not is_own("/home/u/pytorch/torch/nn/functional.py")  # a torch clone is still the framework
+
+
+# --- hostile figures and logs (issue 30) ---------------------------------------------------------------------
+
+NINES = "9" * 400
+
+
+def test_a_figure_no_device_can_have_is_absent_and_the_rest_stay() -> None:
+    # F-1: a 400-digit figure is infinite as a float; it was an OverflowError that killed the run
+    got = parse_message(f"CUDA out of memory. Tried to allocate {NINES} GiB. GPU 0 has a total capacity of "
+                        "8.00 GiB of which 1.00 GiB is free.")
+    assert got["tried_bytes"] is None and got["capacity_bytes"] == gib(8) and got["free_bytes"] == gib(1)
+    oom = read_oom(body=f"CUDA out of memory. Tried to allocate {NINES} GiB", log=f"OutOfMemoryError: {NINES} B")
+    assert oom is not None and oom.tried_bytes is None
+    # F-5: the sign and the exponent belong to the figure; twenty digits and a 0-byte capacity are no device's
+    got = parse_message("CUDA out of memory. Tried to allocate 2.00 MiB. GPU 0 has a total capacity of 0 B of which "
+                        "12345678901234567890 B is free. Including non-PyTorch memory, this process has -3.00 GiB "
+                        "memory in use. 1e30 GiB allowed; Of the allocated memory 1.5e3 MiB is allocated by PyTorch, "
+                        "and -2.00 GiB is reserved by PyTorch but unallocated.")
+    assert got == {"tried_bytes": mib(2), "capacity_bytes": None, "free_bytes": None, "in_use_bytes": None,
+                   "allowed_bytes": None, "allocated_bytes": mib(1500), "reserved_unallocated_bytes": None}
+    assert parse_message("-2.00 GiB allowed; GPU 0 has a total capacity of 8 GiB")["allowed_bytes"] is None
+    old = parse_message(f"Tried to allocate 1 MiB (GPU 0; 8 GiB total capacity; 1.00 GiB already allocated; "
+                        f"{NINES} GiB reserved in total by PyTorch)")
+    assert old["allocated_bytes"] == gib(1) and old["reserved_unallocated_bytes"] is None
+
+
+TB_FRAMES = ['  File "/venv/lib/python3.12/site-packages/vllm_omni/diffusion/worker/gpu_worker.py", line 188, '
+             'in execute_model', "    out = self.pipeline(req)",
+             '  File "/venv/lib/python3.12/site-packages/vllm_omni/diffusion/models/edit.py", line 742, in forward',
+             "    noise_pred = self.transformer(",
+             '  File "/venv/lib/python3.12/site-packages/torch/nn/modules/module.py", line 1773, in _call_impl',
+             "    return forward_call(*args, **kwargs)"]
+TB_END = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 480.00 MiB."
+
+
+@pytest.mark.parametrize("prefix", ["(VllmWorker rank=0 pid=4242) ", "\x1b[1;36m(DiffusionWorker pid=4243)\x1b[0;0m ",
+                                    "\\x1b[1;36m(DiffusionWorker pid=4243)\\x1b[0;0m ",  # as the window reads it
+                                    "(EngineCore_DP0 pid=7) "])
+def test_real_worker_prefixes_keep_the_site(prefix: str) -> None:
+    # F-2: vLLM's _add_prefix, with the rank and with its terminal colours
+    lines = ["Traceback (most recent call last):", *TB_FRAMES, TB_END]
+    log = "\n".join(prefix + line for line in lines) + "\n(APIServer pid=1) INFO interleaved\n"
+    oom = read_oom(log=log)
+    assert oom is not None and oom.site == "vllm_omni/diffusion/models/edit.py:742", oom.no_site
+    assert oom.tried_bytes == mib(480)
+
+
+def test_a_traceback_longer_than_the_log_window_keeps_its_frames_tail() -> None:
+    # F-3: the window keeps the end (quote.bound): the header and the outer frames are left out
+    from runner.observe.quote import server_text
+
+    outer = ['  File "/venv/lib/python3.12/site-packages/vllm_omni/entry.py", line 1, in step', "    x()"] * 20_000
+    log = server_text("\n".join(["Traceback (most recent call last):", *outer, *TB_FRAMES, TB_END]))
+    assert "Traceback (most recent" not in log and len(log) <= 70_000
+    oom = read_oom(log=log)
+    assert oom is not None and oom.site == "vllm_omni/diffusion/models/edit.py:742" and oom.no_site is None
+    assert [f.where for f in oom.frames][:2] == ["vllm_omni/diffusion/models/edit.py:742 in forward",
+                                                 "vllm_omni/diffusion/worker/gpu_worker.py:188 in execute_model"]

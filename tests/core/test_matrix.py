@@ -63,6 +63,11 @@ def test_minimal_matrix_loads_with_defaults(matrix_dir: Path) -> None:
     ('command = [', 'command = 3\nx = [', "key 'servers.ref.command' must be a list, got 3"),
     ('[cards.small]', '[cards.small]\ndocker_host = "ssh://h"', "key 'cards.small.docker_host' applies to "
                                                              "backend 'docker' only"),
+    # issue 30 M-4: a capacity that rounds to nothing (or beyond any device) is refused at load
+    ('vram_gib = 0.5', 'vram_mib = 0.0000001', "key 'cards.small.vram_mib' must be a device's capacity, at least "
+                                               "1 MiB and below 1 PiB, got 1e-07"),
+    ('vram_gib = 0.5', 'vram_gib = 1e30', "key 'cards.small.vram_gib' must be a device's capacity, at least "
+                                          "1 MiB and below 1 PiB, got 1e+30"),
 ])
 def test_bad_input_is_one_clear_line(matrix_dir: Path, old: str, new: str, expected: str) -> None:
     path = edit(matrix_dir, old, new)

@@ -54,3 +54,27 @@ def test_passing_skips_are_pending_again() -> None:
     by_key = {s.key: [st.references for st in s.steps] for s in p.sessions}
     assert by_key == {"a/default": [2, 3], "a/offload": [1, 2, 3], "b/default": [1, 2, 3]}
     assert p.steps == 8
+
+
+def test_a_step_the_scheduler_ended_is_to_do_again_for_resume_and_the_verdict() -> None:
+    # issue 30 S-1: a step recorded `cancelled` / `preempted` / `time_limit` / `node_failure` with `lost`
+    # measured nothing; resume (and the banner: the same Pending) sends it again, and the verdict says so.
+    from runner.judge.verdict import VerdictRules, blocked
+
+    ended = [FailureClass.CANCELLED, FailureClass.PREEMPTED, FailureClass.TIME_LIMIT, FailureClass.NODE_FAILURE,
+             FailureClass.STOPPED]
+    for kind in ended:
+        lost = record("a/default/refs-2/f-seed-1", Status.FAILED, lost=True,
+                      failure=Failure(kind=kind, message="server cancelled at step 4242.1"))
+        steps = [record("a/default/refs-1/f-seed-1", Status.OK), lost, record("a/default/refs-3/f-seed-1", Status.OK)]
+        steps += [record(f"a/offload/refs-{n}/f-seed-1", Status.OK) for n in (1, 2, 3)]
+        steps += [record(f"b/default/refs-{n}/f-seed-1", Status.OK) for n in (1, 2, 3)]
+        p = pending(plan(), steps, [])
+        assert [(s.key, [st.references for st in s.steps]) for s in p.sessions] == [("a/default", [2])], kind
+        why = blocked("default", "default", 2, steps, None, VerdictRules()).why
+        assert why.endswith("not a measurement: a resume sends it again"), why
+    # what the server itself did stays done: a crash, a timeout, an OOM with the server lost
+    for kind in (FailureClass.CRASH, FailureClass.TIMEOUT, FailureClass.OOM):
+        done = record("a/default/refs-1/f-seed-1", Status.FAILED, lost=True, failure=Failure(kind=kind, message="x"))
+        assert "a/default" not in {s.key for s in pending(plan(), [done], []).sessions if len(s.steps) == 3}
+        assert "resume" not in blocked("default", "default", 1, [done], None, VerdictRules()).why

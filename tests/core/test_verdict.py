@@ -17,6 +17,7 @@ from runner.core.records import (
 )
 from runner.judge.decision import World
 from runner.judge.verdict import decide, identical_pairs, ratio_interval
+from runner.judge.verdict_text import summary
 from runner.plan.matrix import VerdictRules
 
 RULES = VerdictRules(target_references=2, max_latency_ratio=2.5, min_psnr_db=20, offload_roles=("offload",),
@@ -268,6 +269,23 @@ def test_a_long_server_line_in_the_reason_is_not_cut_between_a_number_and_its_un
             "this process has 4.90 MiB memory in use. Of the allocated memory 4.10 MiB is allocated by PyTorch")
     steps = [step("default", "default", 2, Status.FAILED, kind=FailureClass.CRASH, evidence=(line,))]
     v = decide("c", steps, [session("default", "default")], RULES)
-    said = v.reason.split("server log: ", 1)[1]
+    said = v.reason.split("the server says: ", 1)[1]
     assert len(said) <= 202 and said.endswith(" …") and not re.search(r"\w…", said)  # whole words only
     assert line.startswith(said.removesuffix(" …")) and not re.search(r"\d[\d.]* …$", said)
+
+
+def test_response_body_text_is_not_labelled_as_the_server_log() -> None:
+    # issue 30 F-7: an OOM found in the 500's body was cited as "server log: {"error": …}"
+    body = '{"error":{"message":"Image generation failed: CUDA out of memory. Tried to allocate 54.00 MiB."}}'
+    steps = [step("default", "default", 2, Status.FAILED, kind=FailureClass.HTTP_ERROR, evidence=(body,))]
+    v = decide("c", steps, [session("default", "default")], RULES)
+    assert "server log:" not in v.reason and "the server says: " in v.reason, v.reason
+
+
+def test_a_step_the_scheduler_ended_cites_slurmstepds_line_not_sruns() -> None:
+    # issue 30 S-5: the console quoted "srun: … Terminating StepId=7.0", the last line of the step's log
+    line = "slurmstepd: error: *** STEP 7.0 ON vm CANCELLED AT 2026-12-01T20:26:40 ***"
+    steps = [step("default", "default", 2, Status.FAILED, kind=FailureClass.CANCELLED, lost=True,
+                  evidence=(line, "INFO request 3 start", "srun: launch/slurm: _step_signal: Terminating StepId=7.0"))]
+    v = decide("c", steps, [session("default", "default")], RULES)
+    assert "CANCELLED AT" in summary(v) and "Terminating StepId" not in summary(v), summary(v)

@@ -14,6 +14,8 @@ import jsonschema
 import pytest
 from PIL import Image
 
+from runner.observe.quote import code
+
 ROOT = Path(__file__).resolve().parents[2]
 REFS = [ROOT / "examples" / "refs" / f"ref-{i}.png" for i in range(1, 5)]
 FINDINGS_SCHEMA = json.loads((ROOT / "runner" / "schema" / "findings.schema.json").read_text())
@@ -103,7 +105,7 @@ def test_not_built_card_names_its_site_cost_per_reference_and_shortfall(tmp_path
     model_line = (ROOT / site["site"].split(":")[0]).read_text().splitlines()[int(site["site"].split(":")[1]) - 1]
     assert "mem.hold(" in model_line  # the line that asked the (accounted) allocator for memory
     report = (run / "report.md").read_text()
-    assert f"<code>{site['site']}</code> in <code>{site['function']}</code> stopped default at 3 refs" in report
+    assert f"{code(site['site'])} in {code(site['function'])} stopped default at 3 refs" in report
     assert "### Findings" in report
 
     # the per-reference cost against the refserver's own accounting of one more reference

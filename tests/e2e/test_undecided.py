@@ -51,7 +51,7 @@ def test_broken_harness_cards_are_undecided_with_the_servers_own_error_lines(tmp
     assert proc.returncode == 1, proc.stderr[-2000:]
     verdicts = {v["card"]: v for v in json.loads((run_dir / "verdict.json").read_text())["verdicts"]}
     report = (run_dir / "report.md").read_text()
-    assert verdicts["healthy"]["world"] == "fits-resident"
+    assert verdicts["healthy"]["world"] == "fits-resident", verdicts["healthy"]["reason"]
     assert "healthy: fits-resident" in proc.stdout
 
     missing = "ModuleNotFoundError: No module named 'opentelemetry_not_in_this_env'"

@@ -16,6 +16,16 @@ Modes (each answers GET /health with 200 unless said otherwise; POST /v1/chat/co
   drip-health GET /health drips one byte every 0.5 s, forever (the server never becomes ready)
   load-secret prints a traceback holding $HF_TOKEN and escapes at load, then exits 1
   ok          a valid 64x64 PNG (the control)
+Findings modes (issue 30): an OOM with hostile figures or logs, HTTP 500 in a request or exit 1 at load:
+  oom-huge      "Tried to allocate" a 400-digit number of GiB, in the log and the body
+  load-oom-huge the same at load
+  oom-signs     "1e30 GiB allowed", "-2.00 GiB" in use, a "0 B" capacity, a twenty-digit free figure
+  oom-prefixed  the traceback with vLLM's worker prefixes: a rank, and terminal colours
+  oom-long      a traceback of ~550 KB: longer than the runner's log window
+  load-oom-long a traceback of ~40 KB at load: longer than the start's log tail
+  load-oom-others a load OOM within the stated capacity (other processes hold the rest)
+  oom-markup    the site is `vllm_omni/__init__.py` in `_x_`, a caller under `~~gone~~`
+  oom-body      the OOM only in the 500's body, the log silent
 `--metrics V` serves /metrics with `refserver_device_memory_bytes V` (V as given: NaN, +Inf, -5e9, 1e30...).
 """
 
@@ -35,6 +45,40 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 ESCAPES = ("\x1b[2J\x1b[31mred\x1b[0m \x1b]8;;https://evil.example/\x1b\\click\x1b]8;;\x1b\\ "
            "<script>alert(1)</script> <img src=x onerror=alert(2)> [click](javascript:alert(3)) "
            "\u202eevil\u202c \x07bell")
+
+
+NINES = "9" * 400
+SITE_FRAMES = ['  File "/venv/lib/python3.12/site-packages/vllm_omni/~~gone~~/worker.py", line 188, in execute_model',
+               "    out = self.pipeline(req)",
+               '  File "/venv/lib/python3.12/site-packages/vllm_omni/diffusion/__init__.py", line 12, in _x_',
+               "    noise_pred = self.transformer(",
+               '  File "/venv/lib/python3.12/site-packages/torch/nn/modules/module.py", line 1773, in _call_impl',
+               "    return forward_call(*args, **kwargs)"]
+OUTER = ['  File "/venv/lib/python3.12/site-packages/vllm_omni/entry.py", line 1, in step', "    x()"]
+FULL = ("CUDA out of memory. Tried to allocate 96.00 MiB. GPU 0 has a total capacity of 1.00 GiB of which "
+        "20.00 MiB is free. Including non-PyTorch memory, this process has 700.00 MiB memory in use. Of the "
+        "allocated memory 650.00 MiB is allocated by PyTorch, and 12.00 MiB is reserved by PyTorch but unallocated.")
+OOMS = {  # mode → (exception message, outer frames repeated, line prefix)
+    "oom-huge": (f"CUDA out of memory. Tried to allocate {NINES} GiB. GPU 0 has a total capacity of 1.00 GiB", 0, ""),
+    "oom-signs": ("CUDA out of memory. Tried to allocate 2.00 MiB. GPU 0 has a total capacity of 0 B of which "
+                  "12345678901234567890 B is free. Including non-PyTorch memory, this process has -2.00 GiB memory "
+                  "in use. 1e30 GiB allowed; Of the allocated memory 1.00 MiB is allocated by PyTorch", 0, ""),
+    "oom-prefixed": (FULL, 0, "(VllmWorker rank=0 pid=4242) "),
+    "oom-prefixed-ansi": (FULL, 0, "\x1b[1;36m(DiffusionWorker pid=4243)\x1b[0;0m "),
+    "oom-long": (FULL, 9000, ""),
+    "oom-markup": (FULL, 0, ""),
+    "load-oom-huge": (f"CUDA out of memory. Tried to allocate {NINES} GiB. GPU 0 has a total capacity of 1 GiB", 0, ""),
+    "load-oom-long": (FULL, 700, ""),
+    "load-oom-others": (FULL, 0, ""),
+}
+
+
+def oom_traceback(mode: str) -> None:
+    message, outer, prefix = OOMS[mode]
+    lines = ["Traceback (most recent call last):", *OUTER * outer, *SITE_FRAMES,
+             f"torch.OutOfMemoryError: {message}"]
+    sys.stderr.write("".join(f"{prefix}{line}\n" for line in lines))
+    sys.stderr.flush()
 
 
 def log(line: str) -> None:
@@ -153,6 +197,11 @@ class Handler(BaseHTTPRequestHandler):
             self._send(500, json.dumps({"error": {"message": ESCAPES}}).encode())
         elif mode == "hang":
             time.sleep(3600)
+        elif mode in OOMS:
+            oom_traceback(mode)
+            self._send(500, json.dumps({"error": {"message": f"Image generation failed: {OOMS[mode][0]}"}}).encode())
+        elif mode == "oom-body":
+            self._send(500, json.dumps({"error": {"message": f"Image generation failed: {FULL}"}}).encode())
         else:
             self._send(200, chat("data:image/png;base64," + base64.b64encode(small_png()).decode()))
 
@@ -167,6 +216,9 @@ def main() -> None:
     p.add_argument("--mode", default="ok")
     p.add_argument("--metrics")
     a = p.parse_args()
+    if a.mode.startswith("load-oom"):
+        oom_traceback(a.mode)
+        sys.exit(1)
     if a.mode == "load-secret":
         token = os.environ.get("HF_TOKEN", "")
         log("Traceback (most recent call last):")

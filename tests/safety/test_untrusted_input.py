@@ -370,3 +370,103 @@ def test_item1_a_gauge_beyond_int64_or_negative_never_ends_the_run_nor_makes_a_p
         assert (run / card / "default" / "memory.csv").read_text().startswith("t,attempt")
         assert verdicts[card]["world"] == "fits-resident" and (verdicts[card]["evidence"].get("peak_bytes") or 0) >= 0
     assert "peak -" not in proc.stdout
+
+
+# -- issue 30: hand-edited records are skipped with one line; the report is still written ----------
+def _edited(finished_run: Path, tmp: Path, text: str) -> Path:
+    run = tmp / "box" / "run"
+    shutil.copytree(finished_run, run)
+    (run / "c/default/refs-1/two-seed-1.json").write_text(text)
+    return run
+
+
+def _ok_record(finished_run: Path, **over: object) -> str:
+    doc = json.loads((finished_run / "c/default/refs-1/one-seed-1.json").read_text())
+    doc.update(key="c/default/refs-1/two-seed-1", fixture="two", **over)
+    return json.dumps(doc)
+
+
+@pytest.mark.parametrize("edit", ["deep", "zero-sample", "huge-count", "nan-wall", "inf-sample", "negative-wall"])
+def test_an_edited_record_is_skipped_with_one_line_and_the_report_written(finished_run: Path, tmp_path: Path,
+                                                                        edit: str) -> None:
+    text = {"deep": "[" * 200_000 + "]" * 200_000,
+            "zero-sample": _ok_record(finished_run, wall_samples_s=[0.0, 0.5]),
+            "huge-count": _ok_record(finished_run, references=10**400),
+            "nan-wall": _ok_record(finished_run, wall_s=float("nan")),
+            "inf-sample": _ok_record(finished_run, wall_samples_s=[float("inf")]),
+            "negative-wall": _ok_record(finished_run, wall_s=-1.5, wall_samples_s=[-1.5])}[edit]
+    run = _edited(finished_run, tmp_path, text)
+    proc = report(run)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stderr.splitlines() if "two-seed-1" in ln]
+    assert len(lines) == 1 and "skipping" in lines[0], proc.stderr
+    shown = (run / "report.md").read_text()
+    assert "nan s" not in shown and "-1.50 s" not in shown and "inf s" not in shown
+    verdict = (run / "verdict.json").read_text()
+    assert "NaN" not in verdict and "Infinity" not in verdict
+
+
+def test_a_file_where_the_plots_folder_goes_is_one_line(finished_run: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    shutil.rmtree(run / "plots")
+    (run / "plots").write_text("not a folder")
+    proc = report(run)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("runner: error:") and "plots" in proc.stderr
+
+
+def test_resume_never_overwrites_a_record_a_newer_runner_wrote(finished_run: Path, tmp_path: Path) -> None:
+    # issue 30 R-3: a schema_version 99 record was skipped, its step sent again and the file overwritten
+    run = tmp_path / "box" / "run"
+    shutil.copytree(finished_run, run)
+    path = run / "c/default/refs-1/one-seed-1.json"
+    doc = json.loads(path.read_text())
+    doc["schema_version"] = 99
+    path.write_text(json.dumps(doc))
+    before = path.read_bytes()
+    proc = subprocess.run([sys.executable, "-m", "runner", str(finished_run.parent.parent / "matrix.toml"),
+                           "--resume", str(run), "--no-progress"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert str(path) in line and "newer runner" in line, line
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("edit", ["deep-session", "huge-send"])
+def test_plan_estimate_from_an_edited_run_is_a_line_not_a_traceback(finished_run: Path, tmp_path: Path,
+                                                                   edit: str) -> None:
+    # issue 30 C-2
+    run = tmp_path / "box" / "run"
+    shutil.copytree(finished_run, run)
+    if edit == "deep-session":
+        (run / "c/default/session.json").write_text("[" * 200_000 + "]" * 200_000)
+    else:
+        path = run / "c/default/refs-1/one-seed-1.json"
+        doc = json.loads(path.read_text())
+        doc["sends"] = [{**s, "wall_s": 1e308} for s in doc["sends"]]
+        doc["wall_s"], doc["wall_samples_s"] = 1e308, [1e308] * len(doc["wall_samples_s"])
+        path.write_text(json.dumps(doc))
+    proc = subprocess.run([sys.executable, "-m", "runner", "plan", str(finished_run.parent.parent / "matrix.toml"),
+                           "--estimate-from", str(run)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "inf" not in proc.stdout.lower().replace("info", ""), proc.stdout[-2000:]
+
+
+@pytest.mark.parametrize("edit", ["version-4", "extra-key", "matrix-not-toml"])
+def test_report_checks_run_json_as_resume_does(finished_run: Path, tmp_path: Path, edit: str) -> None:
+    # issue 30 R-4: report accepted what resume refuses; a bad matrix text named a temporary file
+    run = tmp_path / "box" / "run"
+    shutil.copytree(finished_run, run)
+    doc = json.loads((run / "run.json").read_text())
+    if edit == "version-4":
+        doc["schema_version"] = 4
+    elif edit == "extra-key":
+        doc["surprise"] = 1
+    else:
+        doc["matrix"]["text"] = "[run\nthis is not toml"
+    (run / "run.json").write_text(json.dumps(doc))
+    proc = report(run)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert str(run / "run.json") in line and "/tmp/tmp" not in line.replace(str(run), ""), line

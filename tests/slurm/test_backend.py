@@ -31,6 +31,10 @@ def active_jobs(prefix: str) -> list[client.Job]:
 @pytest.mark.parametrize(("option", "value", "says"), [
     ("partition", "no-such-partition", "partition 'no-such-partition' does not exist on this cluster"),
     ("gres", "gpu:h100:1", "partition 'debug' offers no GPU of type 'h100' (offered: rtx3090, rtx5080)"),
+    # issue 30 S-4: a count no node can supply, and none at all
+    ("gres", "gpu:rtx3090:3", "asks for 3 GPU(s) of type 'rtx3090', but no node of partition 'debug' has more "
+                              "than 2"),
+    ("gres", "gpu:0", "'gpu:0' asks for no GPU"),
 ])
 def test_an_unknown_partition_or_gpu_type_stops_in_preflight(tag: str, tmp_path: Path, option: str, value: str,
                                                             says: str) -> None:
@@ -224,3 +228,68 @@ def test_the_time_limit_is_its_own_failure_class(tag: str, tmp_path: Path) -> No
     assert failures and failures[0]["kind"] == "time_limit", failures
     assert "DUE TO TIME LIMIT" in failures[0]["evidence"][0]
     assert not active_jobs(f"runner-{tag}")
+
+
+def _hung_request_ended_then_resumed(tag: str, tmp_path: Path, end, **matrix) -> tuple[dict, str]:  # type: ignore[no-untyped-def]
+    """Two steps; the second one's request hangs (request 3: the first step is sent twice, the determinism
+    re-send) and `end(job, step)` makes the scheduler end it while it hangs. The run exits 1 with the step
+    recorded lost; `--resume` (a new allocation, a new server: its request 3 never comes) sends that step
+    and exits 0. Returns the lost record and the resume's output."""
+    path = write_matrix(tmp_path, tag, seeds="[1, 2]", flag_args='["--fault", "hang@3"]', **matrix)
+    results, log = tmp_path / "results", tmp_path / "runner.log"
+    proc = start_runner(path, results, log)
+    try:
+        wait_for(lambda: results.exists() and any(s["status"] == "ok" for s in steps(run_dir(results))),
+                 timeout_s=300)
+        (job,) = active_jobs(f"runner-{tag}")
+        (step,) = [s for s in client.steps(job.job_id) if s.name.startswith("runner-")]
+        end(job, step)
+        assert proc.wait(timeout=240) == 1, log.read_text()[-3000:]
+    finally:
+        proc.kill()
+    run = run_dir(results)
+    (lost,) = [s for s in steps(run) if s["status"] == "failed"]
+    assert lost["lost"] is True, lost
+    resumed = subprocess.run(runner_argv(path, results, "--resume", str(run)), capture_output=True, text=True,
+                             timeout=400, cwd=ROOT)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    assert "nothing left to send" not in resumed.stdout + resumed.stderr
+    done = {s["key"]: s for s in steps(run)}
+    assert len(done) == 2 and all(s["status"] == "ok" for s in done.values()), done
+    (verdict,) = json.loads((run / "verdict.json").read_text())["verdicts"]
+    assert verdict["world"] == "fits-resident", verdict
+    assert not active_jobs(f"runner-{tag}")
+    return lost, resumed.stdout + resumed.stderr
+
+
+def test_a_step_cancelled_during_its_request_is_sent_again_by_resume(tag: str, tmp_path: Path) -> None:
+    # issue 30 S-1: the scancel lands while the request hangs, never after it
+    def cancel_step(job: client.Job, step: client.Step) -> None:
+        log = run_dir(tmp_path / "results") / "c" / "default" / "server.log"
+        wait_for(lambda: "fault hang@3" in log.read_text(errors="replace"), timeout_s=60)
+        client.scancel(step.step_id)
+
+    lost, _ = _hung_request_ended_then_resumed(tag, tmp_path, cancel_step)
+    assert lost["failure"]["kind"] == "cancelled", lost
+
+
+@pytest.mark.slow
+def test_a_step_ended_by_the_time_limit_is_sent_again_by_resume(tag: str, tmp_path: Path) -> None:
+    # A one-minute allocation; the second request hangs until Slurm ends the job (it checks every ~30 s).
+    def wait(job: client.Job, step: client.Step) -> None:
+        pass
+
+    lost, _ = _hung_request_ended_then_resumed(tag, tmp_path, wait, time_limit="2", request_timeout_s=400)
+    assert lost["failure"]["kind"] == "time_limit", lost
+
+
+def test_a_submission_sbatch_refuses_is_recorded_as_refused(tag: str, tmp_path: Path) -> None:
+    # issue 30 S-4: what preflight cannot see (here: more memory than the node has) is the scheduler's refusal,
+    # not a server that exited while loading
+    matrix = write_matrix(tmp_path, tag, card_extra='sbatch_args = ["--mem=99999999"]\n')
+    proc = subprocess.run(runner_argv(matrix, tmp_path / "results"), capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (start,) = session(run_dir(tmp_path / "results"))["starts"]
+    assert start["failure"]["kind"] == "refused", start
+    assert start["failure"]["message"].startswith("sbatch refused the allocation: "), start

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -81,3 +84,94 @@ def test_failures_are_one_line(slurm: None) -> None:
 def test_sacct_says_when_the_cluster_keeps_no_accounting(slurm: None) -> None:
     # The local cluster has no slurmdbd (accounting_storage/none): sacct must say so, not return nothing.
     assert client.sacct([1]) is None
+
+
+# --- a controller that does not answer (issue 30 S-2) and the client's configuration (S-3) ---------------
+
+OUTAGE_SQUEUE = """#!/bin/sh
+# squeue while the controller is away, as Slurm 23+ answers it: JSON with an `errors` array
+if [ -e "{flag}" ]; then
+  echo '{{"errors": [{{"error": "Unable to contact slurm controller (connect failure)"}}], "jobs": []}}'
+  exit 0
+fi
+exec {real} "$@"
+"""
+
+
+@pytest.fixture
+def outage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A flag file: while it exists, `squeue` (first on PATH) answers as during a controller outage."""
+    import shutil
+
+    real, flag = shutil.which("squeue"), tmp_path / "controller-away"
+    shim = tmp_path / "bin" / "squeue"
+    shim.parent.mkdir()
+    shim.write_text(OUTAGE_SQUEUE.format(flag=flag, real=real))
+    shim.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim.parent}:{os.environ['PATH']}")
+    monkeypatch.setattr(client, "OUTAGE_POLL_S", 0.2, raising=False)
+    return flag
+
+
+def test_a_controller_outage_is_waited_out(slurm: None, outage: Path) -> None:
+    outage.touch()
+    back = threading.Timer(3.0, outage.unlink)
+    back.start()
+    t0 = time.monotonic()
+    try:
+        found = client.jobs()  # on 9ea8d2e: SlurmParseError at once, a traceback in the runner
+    finally:
+        back.cancel()
+    assert isinstance(found, list) and time.monotonic() - t0 >= 3.0
+
+
+def test_a_longer_outage_is_one_line_and_the_lanes_allocation_is_released(tag: str, outage: Path,
+                                                                         tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from runner.backends.base import StartFailed
+    from runner.backends.slurm import SlurmLane
+    from runner.core.registry import SlurmOptions
+
+    monkeypatch.setattr(client, "OUTAGE_S", 1.0, raising=False)
+    lane = SlurmLane("c", tag)
+    options = SlurmOptions(partition="debug", gres="gpu:rtx3090:1", time_limit="5")
+    alloc = lane.allocation("c", options, tmp_path / "c")
+    outage.touch()
+    with pytest.raises(client.SlurmError, match=r"Unable to contact slurm controller .*did not answer for 1 s"):
+        client.jobs()
+    with pytest.raises(StartFailed) as failed:  # the next server start of the lane asks about its job
+        lane.allocation("c", options, tmp_path / "c")
+    assert f"job {alloc.job_id}" in failed.value.failure.message and "released" in failed.value.failure.message
+    outage.unlink()
+    wait_for(lambda: not client.job(alloc.job_id).active, timeout_s=30)  # type: ignore[union-attr]
+    assert "c" not in lane.allocations
+
+
+def test_the_clients_configuration_is_kept_and_a_jobs_context_is_not(slurm: None,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_JOB_ID", "424242")
+    monkeypatch.setenv("SBATCH_PARTITION", "no-such")
+    monkeypatch.setenv("SLURM_CLUSTERS", "mine")
+    env = client.without_job_context({**os.environ, "SLURM_CONF": "/etc/other/slurm.conf"})
+    assert "SLURM_JOB_ID" not in env and "SBATCH_PARTITION" not in env
+    assert env["SLURM_CONF"] == "/etc/other/slurm.conf" and env["SLURM_CLUSTERS"] == "mine"
+    # the commands read it: a slurm.conf of another (here: no) cluster is the one they talk to
+    monkeypatch.delenv("SLURM_CLUSTERS")
+    monkeypatch.setenv("SLURM_CONF", "/nonexistent/slurm.conf")
+    with pytest.raises(client.SlurmError):
+        client.run(["sinfo", "--json"])  # on 9ea8d2e: stripped, it answered from the default cluster
+
+
+def test_a_dead_controller_is_said_in_words_not_scontrols_banner(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # issue 30 S-5: scontrol ping ends its answer with a line of asterisks; the error ended "does not answer: ****…"
+    fake = tmp_path / "bin" / "scontrol"
+    fake.parent.mkdir()
+    stars = "*" * 41
+    fake.write_text(f"#!/bin/sh\necho 'Slurmctld(primary) at vm is DOWN'\necho '{stars}'\n"
+                    f"echo '** RESTORE SLURMCTLD DAEMON TO SERVICE **'\necho '{stars}'\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    with pytest.raises(client.SlurmError) as info:
+        client.ping()
+    assert str(info.value) == "the Slurm controller does not answer: Slurmctld(primary) at vm is DOWN"

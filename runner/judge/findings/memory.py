@@ -17,6 +17,7 @@ from collections import Counter
 from operator import attrgetter
 
 from runner.core.records import Failure, FailureClass, OomReport, Peak, SessionRecord, Status, StepRecord
+from runner.core.units import fmt_bytes
 from runner.judge.findings.models import CountPeak, MemoryModel, OomFacts
 
 # Sources that read the whole device (runner.meters.reconcile.WHOLE_DEVICE; pure modules do not import meters).
@@ -59,7 +60,7 @@ def _facts(record: str, references: int | None, failure: Failure) -> OomFacts:
     return OomFacts(record=record, references=references, memory=o.memory, site=o.site, function=o.function,
                     tried_bytes=o.tried_bytes, allocated_bytes=o.allocated_bytes,
                     reserved_unallocated_bytes=o.reserved_unallocated_bytes, in_use_bytes=o.in_use_bytes,
-                    capacity_bytes=o.binding_bytes, no_site=o.no_site)
+                    free_bytes=o.free_bytes, capacity_bytes=o.binding_bytes, no_site=o.no_site)
 
 
 def fit(points: list[tuple[int, int]]) -> tuple[float, float, float]:
@@ -102,6 +103,11 @@ def memory_model(steps: list[StepRecord], session: SessionRecord | None, target:
     no_line = None
     if len(peaks) >= 2:
         fixed, slope, worst = (round(v) for v in fit([(p.references, p.bytes) for p in peaks]))
+        if slope < 0 or fixed < 0:  # memory that shrinks with more references, or a negative working set
+            no_line = (f"peaks that fall as references rise (a least-squares {'slope' if slope < 0 else 'fixed size'}"
+                       f" of {fmt_bytes(slope if slope < 0 else fixed)}): a line that does not describe the data, "
+                       "not used to predict")
+            fixed = slope = worst = None
     else:
         no_line = f"{'one served reference count' if peaks else 'no served step'} with a device peak: no slope"
     at_target = next((p.bytes for p in peaks if p.references == target), None)

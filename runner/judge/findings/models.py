@@ -30,6 +30,8 @@ class OomFacts(Record):
     allocated_bytes: int | None = None
     reserved_unallocated_bytes: int | None = None
     in_use_bytes: int | None = None
+    free_bytes: int | None = Field(default=None, description="free on the GPU at the failure (what other "
+                                                             "processes held is not in this process's use)")
     capacity_bytes: int | None = Field(default=None, description="what bound: the per-process cap where the "
                                                                  "message names one, else the GPU's total")
     no_site: str | None = Field(default=None, description="why there is no site")
@@ -46,7 +48,9 @@ class MemoryModel(Record):
     per_reference_bytes: int | None = Field(default=None, description="marginal bytes per reference (slope)")
     points: int = Field(default=0, ge=0, description="served reference counts the line goes through")
     worst_residual_bytes: int | None = None
-    no_line: str | None = Field(default=None, description="why there is no line (fewer than two served counts)")
+    no_line: str | None = Field(default=None, description="why there is no line (fewer than two served counts, "
+                                                          "or a line that does not describe the peaks: they "
+                                                          "fall as references rise)")
     target_references: int
     predicted_peak_bytes: int | None = Field(default=None, description="at the target: measured where it was "
                                                                        "served, else the line's value")
