@@ -149,7 +149,7 @@ def _frames(raw: Any) -> tuple[tuple[str, int, str], ...]:
 def _outside_torch(path: str) -> bool:
     if not path or path.startswith("<"):
         return False
-    rel, package = package_path(path)
+    _, package = package_path(path)
     if package in FRAMEWORKS:
         return False
     return any(d in path for d in ("site-packages", "dist-packages")) or not STDLIB.search(path.replace("\\", "/"))
@@ -226,9 +226,8 @@ def _replay(events: list[dict[str, Any]], oom_at: int, segments: list[dict[str, 
             resident = (t < began_us) if began_us is not None else (None if covers_start else False)
             live[addr] = _Block(_int(e.get("size")), _frames(e.get("frames")), resident,
                                 str(e.get("user_metadata", ""))[:200])
-        elif action == "free_completed":
-            if live.pop(addr, None) is None:
-                freed_before.add(addr)
+        elif action == "free_completed" and live.pop(addr, None) is None:
+            freed_before.add(addr)
     allocated_in_trace = {_int(e.get("addr")) for e in events if e.get("action") == "alloc"}
     pre: list[_Block] = []
     for e in events[oom_at + 1:]:  # pre-trace blocks alive at the OOM and freed after it: size only
