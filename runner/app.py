@@ -178,7 +178,7 @@ def finish(store: RunStore, matrix: Matrix, *, rescore: bool = True) -> list:
     run = store.load_run()
     store.write_profiles(profiles(run["run_id"], verdicts, matrix.verdict, capacities).model_dump(mode="json"))
     costs = cost.card_costs(steps, sessions, matrix.verdict, run["started_at"], run.get("finished_at"), wall)
-    report = write_report(store, verdicts, cost.cost_lines(costs))
+    report = write_report(store, verdicts, [*cost.cost_lines(costs), *cost.diagnosis_lines(store.load_diagnoses())])
     for v in verdicts:  # one short line per card; report.md has the whole reason
         print(verdict_line(v))
     print(f"report: {report}")

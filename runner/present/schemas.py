@@ -25,7 +25,7 @@ from runner.judge.decision import Verdict
 from runner.judge.findings.models import Findings, Profiles
 from runner.plan import matrix
 
-FOLDER = Path(__file__).resolve().parent / "schema"
+FOLDER = Path(__file__).resolve().parents[1] / "schema"  # runner/schema/
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 
 
