@@ -336,7 +336,8 @@ class RunRecord(Record):
     schema_version: int = Field(default=SCHEMA_VERSION, ge=1)
 
 
-ROOTS: tuple[type[Record], ...] = (StepRecord, SessionRecord, DiagnosisRecord, RunRecord)  # the record files, as published
+# the record files, as published
+ROOTS: tuple[type[Record], ...] = (StepRecord, SessionRecord, DiagnosisRecord, RunRecord)
 
 
 # --- reading a record file: migrate, then validate ---------------------------------------------------------

@@ -299,7 +299,7 @@ def findings_lines(v: Verdict) -> list[str]:
     return lines
 
 
-def _where(site: str, function: str | None) -> str:
+def _at_site(site: str, function: str | None) -> str:
     return f"`{md(site)}" + (f" in {md(function)}`" if function else "`")
 
 
@@ -319,7 +319,7 @@ def held_sentence(flags: str, m: MemoryModel) -> str:
             text = f"'{md(flags)}': {moment}, the load held {size(h.active_bytes)}"
         elif top is not None:
             text += (f"; the request's largest live allocation was {size(top.bytes)} at "
-                     f"{_where(top.site, top.function)} ({size(h.request_bytes)} allocated by the request in all)")
+                     f"{_at_site(top.site, top.function)} ({size(h.request_bytes)} allocated by the request in all)")
         else:
             text += f"; the request held {size(h.request_bytes)}"
     else:

@@ -271,7 +271,7 @@ def read(snap: Mapping[str, Any], request_began_us: int | None = None) -> Held:
         notes.append("the snapshot was taken after the OOM: the live blocks come from the trace replayed to the "
                      "oom event; the segments' inactive bytes at the OOM are not known")
     frames = any(b.frames for b in blocks)
-    if not frames:
+    if blocks and not frames:
         notes.append(NO_FRAMES + " (the allocator's history was off): no sites")
     split_known = all(b.resident is not None for b in blocks)
     if not traced:

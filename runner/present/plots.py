@@ -372,7 +372,8 @@ def held_figure(card: str, held: Sequence[tuple[str, HeldMemory]], capacity_byte
     tops = [h.reserved_bytes + (h.tried_bytes or 0) for _, h in held]
     div, unit = unit_for(max([*tops, capacity_bytes, 1]))
     fig, ax = plt.subplots(figsize=(max(5.5, 2.0 + 1.9 * len(held)), 4.6))
-    greys = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3"]
+    greys = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#ccb974", "#64b5cd",
+             "#1b9e77", "#e7298a", "#66a61e"]
     legend: dict[str, Patch] = {}
 
     def put(x: int, bottom: float, value: float, color: str, label: str, hatch: str | None = None) -> float:
@@ -382,16 +383,21 @@ def held_figure(card: str, held: Sequence[tuple[str, HeldMemory]], capacity_byte
         legend.setdefault(label, Patch(facecolor=color, edgecolor="black", hatch=hatch, label=label))
         return bottom + value
 
+    # one colour per site across the card's bars, so a legend entry means the same site in every bar
+    colour: dict[str, str] = {}
+    for _, h in held:
+        for s in [s for s in h.by_site if s.phase == "request" and s.site != "other sites"][:HELD_SHOWN]:
+            colour.setdefault(f"{s.site} in {s.function}" if s.function else s.site, greys[len(colour) % len(greys)])
     for x, (_flags, h) in enumerate(held):
         y = 0.0
         if h.resident_bytes is not None and h.request_bytes is not None:
             y = put(x, y, h.resident_bytes, "#9aa5b1", "resident before the request (weights, caches)")
             sites = [s for s in h.by_site if s.phase == "request" and s.site != "other sites"]
             shown = sites[:HELD_SHOWN]
-            for i, s in enumerate(shown):
-                where = clip(f"{s.site} in {s.function}" if s.function else s.site, 70)
+            for s in shown:
+                key = f"{s.site} in {s.function}" if s.function else s.site
                 mid = y + s.bytes / 2
-                y = put(x, y, s.bytes, greys[i % len(greys)], f"request: {where}")
+                y = put(x, y, s.bytes, colour[key], f"request: {clip(key, 70)}")
                 if s.bytes / div > 0.02 * (max(tops) / div):
                     ax.text(x + 0.3, mid / div, fmt_bytes(s.bytes), fontsize=6, va="center")
             y = put(x, y, h.request_bytes - sum(s.bytes for s in shown), "#d9d9d9", "request: every other site")

@@ -25,7 +25,7 @@ from runner.refserver.model import (
     reference_patches,
     tokenize,
 )
-from runner.refserver.profiler import CACHE_NAME, LedgerHistory, Profiler, ProfilerConfig, metadata
+from runner.refserver.profiler import CACHE_NAME, LedgerHistory, Profiler, ProfilerConfig
 
 log = logging.getLogger("refserver")
 
@@ -111,7 +111,8 @@ class CondSource:
         c, c_handle = self.embed()
         for layer, block in enumerate(e.model.blocks):
             with e.resident(layer):
-                kv = e.mem.alloc(self.kv_bytes, "cond k/v")
+                with e.mem.labelled():
+                    kv = e.mem.alloc(self.kv_bytes, "cond k/v")
                 c, k, v = block.cond_forward(c, self.pf, e.mem, e.nb, e.chunk)
             yield kv, k, v
         e.mem.free(c_handle)
@@ -131,12 +132,13 @@ class DeviceCache(CondSource):
         super().__init__(engine, ids, patches)
         self.kv: list[tuple[Tensor, Tensor]] = []
         self.handles: list[int] = []
-        ledger = getattr(engine.mem, "history", None)
-        named = metadata(engine.device, ledger, CACHE_NAME) if engine.profiler else nullcontext()
-        with named:  # the snapshot names the cache's allocations
+        engine.mem.kv_label = CACHE_NAME if engine.profiler else ""  # the snapshot names the cache's K/V
+        try:
             for handle, k, v in self.prefill():
                 self.kv.append((k, v))
                 self.handles.append(handle)
+        finally:
+            engine.mem.kv_label = ""
         engine.cache_bytes["device"] += self.kv_bytes * len(self.kv)
 
     def layer(self, layer: int, block: nn.Module) -> tuple[Tensor, Tensor]:

@@ -122,6 +122,24 @@ class DeviceMemory:
     def fit_to_device(self) -> None:
         """Make the cap cover the whole device usage (CUDA only)."""
 
+    # The name the allocations inside `labelled()` carry in an allocator snapshot (PyTorch's per-allocation
+    # metadata): the engine sets it while it builds a cache it keeps ("conditioning cache"), "" otherwise.
+    kv_label = ""
+
+    @contextmanager
+    def labelled(self) -> Iterator[None]:
+        if not self.kv_label:
+            yield
+            return
+        self._set_label(self.kv_label)
+        try:
+            yield
+        finally:
+            self._set_label("")
+
+    def _set_label(self, name: str) -> None:
+        return None
+
 
 class AccountedMemory(DeviceMemory):
     def __init__(self, capacity: int | None) -> None:
@@ -177,6 +195,10 @@ class AccountedMemory(DeviceMemory):
             for handle in leftover:
                 self.free(handle)
 
+    def _set_label(self, name: str) -> None:
+        if self.history is not None:
+            self.history.metadata = name
+
     def current(self) -> int:
         return self._current
 
@@ -222,6 +244,10 @@ class CudaMemory(DeviceMemory):
 
     def peak_reserved(self) -> int:
         return torch.cuda.max_memory_reserved(self.device)
+
+    def _set_label(self, name: str) -> None:
+        if hasattr(torch.cuda.memory, "_set_memory_metadata"):  # torch >= 2.9
+            torch.cuda.memory._set_memory_metadata(name)
 
     def current(self) -> int:
         return torch.cuda.memory_allocated(self.device)

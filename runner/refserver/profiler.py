@@ -203,26 +203,3 @@ class Profiler:
                 self.ledger.recording = False
             return {"status": "stopped", "memory_snapshot": str(written) if written else None}
 
-
-def metadata(device: torch.device, ledger: LedgerHistory | None, name: str) -> Any:
-    """A context that names the allocations made inside it (PyTorch's per-allocation metadata)."""
-    import contextlib
-
-    @contextlib.contextmanager
-    def named() -> Any:
-        import torch
-
-        cuda = device.type == "cuda" and hasattr(torch.cuda.memory, "_set_memory_metadata")
-        if cuda:
-            torch.cuda.memory._set_memory_metadata(name)
-        if ledger is not None:
-            ledger.metadata = name
-        try:
-            yield
-        finally:
-            if cuda:
-                torch.cuda.memory._set_memory_metadata("")
-            if ledger is not None:
-                ledger.metadata = ""
-
-    return named()

@@ -50,7 +50,7 @@ def test_a_request_oom_is_snapshotted_at_the_oom_with_the_cache_named(tmp_path: 
 
 
 def test_a_load_oom_leaves_a_snapshot_before_the_process_exits(tmp_path: Path) -> None:
-    server = Server("load-oom", ["--vram-gib", "0.001", "--profiler-config", config(tmp_path)], tmp_path)
+    server = Server("load-oom", ["--vram-gib", "0.003", "--profiler-config", config(tmp_path)], tmp_path)
     assert server.wait_exit(600) == 1
     found = sorted(tmp_path.glob("*_oom/memory_snapshot_rank0.pickle"))
     assert len(found) == 1
