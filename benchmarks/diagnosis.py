@@ -71,6 +71,7 @@ def main() -> int:
     args = ap.parse_args()
     cards = [c for c in args.cards.split(",") if c] or None
     base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="diagnosis-bench-"))
+    base.mkdir(parents=True, exist_ok=True)
     folders = {}
     for mode in ("off", "oom"):
         m = base / f"{mode}.toml"

@@ -20,13 +20,13 @@ def config(folder: Path) -> str:
 
 
 def test_a_request_oom_is_snapshotted_at_the_oom_with_the_cache_named(tmp_path: Path) -> None:
-    # tiny preset: weights ≈ 4.1 MiB; 5.0 MiB serves 1 reference and runs out at 3 (examples/local.toml's cpu-tiny
-    # under --cpu-offload serves more; here the cache stays on the device)
-    server = Server("profiled", ["--vram-gib", str(6.5 / 1024), "--profiler-config", config(tmp_path)], tmp_path)
+    # examples/local.toml's cpu-tight: 7.75 MiB serves 2 references with the cache on the device and runs out at
+    # 3, with the cache's first layers built (at 6.5 MiB it runs out embedding the references, before any cache)
+    server = Server("profiled", ["--vram-gib", str(7.75 / 1024), "--profiler-config", config(tmp_path)], tmp_path)
     try:
         server.ready(timeout=600)
         assert httpx.post(server.url + "/start_profile", timeout=30).json() == {"status": "started"}
-        refs = [make_ref(i) for i in range(4)]
+        refs = [make_ref(i) for i in range(3)]
         assert server.chat(chat_body(refs=refs)).status_code == 500  # the OOM
         stopped = httpx.post(server.url + "/stop_profile", timeout=30).json()
     finally:
