@@ -1,7 +1,8 @@
 """The diagnosis pass (issue 27): what it costs per flag set decided by a device OOM, and that the measured
 sends are the same with it on and off — end to end through the runner and the reference server (CPU).
 
-    .venv/bin/python benchmarks/diagnosis.py [--matrix examples/local.toml] [--cards cpu-tiny,cpu-tight] [--keep DIR]
+    .venv/bin/python benchmarks/diagnosis.py [--matrix examples/local.toml] [--cards cpu-tiny,cpu-tight] [--keep DIR
+                                             [--reuse]]
 
 Runs the matrix twice, `[run] diagnosis = "off"` and `"oom"` (the default), each a real run (`runner MATRIX
 --results DIR`), with `repeats = 1` so both send exactly the same requests. Then it compares, step by step, what
@@ -51,10 +52,14 @@ def run(matrix: Path, results: Path) -> Path:
 
 
 def measured(folder: Path) -> dict[str, tuple]:
+    """Per step what its sends recorded. A served step's peak is the server's own (the CPU ledger: exact); a
+    step that ran out of memory has no server figure, only a polled meter's sample of a failing request
+    (its timing decides it), so for those the status and failure class are compared, not the sample."""
     out = {}
     for s in RunStore(folder).load_steps():
-        peak = next((p.bytes for p in s.peaks if p.metric == "device" and p.available), None)
-        out[s.key] = (s.status, s.failure.kind if s.failure else None, s.image_sha256, peak)
+        peak = next(((p.source, p.bytes) for p in s.peaks if p.metric == "device" and p.available), None)
+        out[s.key] = (s.status, s.failure.kind if s.failure else None, s.image_sha256,
+                      peak if s.status == "ok" else None)
     return out
 
 
@@ -68,6 +73,7 @@ def main() -> int:
     ap.add_argument("--cards", default="cpu-tiny,cpu-tight", help="comma-separated cards to keep (default: the "
                                                                     "two cards with OOMs)")
     ap.add_argument("--keep", help="keep the runs here")
+    ap.add_argument("--reuse", action="store_true", help="with --keep: compare the runs already there")
     args = ap.parse_args()
     cards = [c for c in args.cards.split(",") if c] or None
     base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="diagnosis-bench-"))
@@ -76,7 +82,8 @@ def main() -> int:
     for mode in ("off", "oom"):
         m = base / f"{mode}.toml"
         m.write_text(matrix_text(Path(args.matrix).resolve(), mode, cards))
-        folders[mode] = run(m, base / mode)
+        done = sorted((base / mode).glob("*-*/verdict.json")) if args.reuse else []
+        folders[mode] = done[-1].parent if done else run(m, base / mode)
     a, b = measured(folders["off"]), measured(folders["oom"])
     same = [k for k in a if k in b and a[k] == b[k]]
     differ = [(k, a[k], b.get(k)) for k in a if b.get(k) != a[k]]
