@@ -10,7 +10,16 @@ from pathlib import Path
 import pytest
 
 from runner.backends.base import same_path
-from runner.core.records import DiagnosisRecord, Failure, FailureClass, OomReport, ServerStart, SessionRecord, Status, StepRecord
+from runner.core.records import (
+    DiagnosisRecord,
+    Failure,
+    FailureClass,
+    OomReport,
+    ServerStart,
+    SessionRecord,
+    Status,
+    StepRecord,
+)
 from runner.plan.lanes import Session
 from runner.run import dialects
 from runner.run.diagnose import readings, targets
