@@ -160,6 +160,7 @@ def finish(store: RunStore, matrix: Matrix, *, rescore: bool = True) -> list:
     from runner.present import cost
     from runner.present.progress import verdict_line
     from runner.present.report import write_report
+    from runner.run import diagnose
     from runner.run.rescore import rescore_against_cell
 
     if rescore:
@@ -173,7 +174,7 @@ def finish(store: RunStore, matrix: Matrix, *, rescore: bool = True) -> list:
     capacities = {c.name: round(c.vram_gib * GIB) for c in matrix.cards.values()}
     allocator = allocator_pairs((f.name, f.args, f.env) for f in matrix.flags.values())
     verdicts = decide_all(steps, sessions, matrix.verdict, list(dict.fromkeys(s.card for s in steps)), wall,
-                          capacities, allocator)
+                          capacities, allocator, diagnose.readings(store))
     # A baseline cell on a card with another server: the report says its scores compare two servers.
     verdicts = [replace(v, notes=(*v.notes, note)) if (note := baseline.cell_mismatch(matrix, v.card)) else v
                 for v in verdicts]
@@ -181,7 +182,7 @@ def finish(store: RunStore, matrix: Matrix, *, rescore: bool = True) -> list:
     run = store.load_run()
     store.write_profiles(profiles(run["run_id"], verdicts, matrix.verdict, capacities).model_dump(mode="json"))
     costs = cost.card_costs(steps, sessions, matrix.verdict, run["started_at"], run.get("finished_at"), wall)
-    report = write_report(store, verdicts, cost.cost_lines(costs))
+    report = write_report(store, verdicts, [*cost.cost_lines(costs), *cost.diagnosis_lines(store.load_diagnoses())])
     for v in verdicts:  # one short line per card; report.md has the whole reason
         print(verdict_line(v))
     print(f"report: {report}")

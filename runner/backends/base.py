@@ -201,3 +201,10 @@ class RunningServer(ABC):
                     raise StartFailed(classify_start(exit_code=None, oom_killed=False, timed_out=True,
                                                      log_tail=self.log_tail()))
                 time.sleep(poll_s)
+
+
+def same_path(plan: ServerPlan, folder: Path) -> tuple[ServerPlan, str]:
+    """A local server (or a Slurm step, whose working directory is the run folder on a shared filesystem) sees
+    the runner's folders where the runner does."""
+    return plan, str(folder)
+

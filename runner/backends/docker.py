@@ -17,6 +17,7 @@ import contextlib
 import os
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -450,3 +451,20 @@ def reap(docker_host: str | None, keep_run: str | None = None) -> list[tuple[str
     finally:
         client.close()
     return notes
+
+
+PROFILE_TARGET = "/runner-profile"
+
+
+def profile_dir(plan: ServerPlan, folder: Path) -> tuple[ServerPlan, str]:
+    """A container sees the runner's folder through a writable bind mount; a remote engine's mount would be a
+    folder on that host, which the runner does not read."""
+    options = plan.options
+    host = getattr(options, "docker_host", None)
+    if host and not str(host).startswith("unix://"):
+        raise ValueError(f"the server runs on the remote Docker host {host}: a snapshot it writes stays there")
+    from runner.plan.matrix import Mount
+
+    mounts = (*plan.profile.mounts, Mount(source=str(folder), target=PROFILE_TARGET, read_only=False))
+    return replace(plan, profile=plan.profile.model_copy(update={"mounts": mounts})), PROFILE_TARGET
+

@@ -312,6 +312,31 @@ class SessionRecord(Record):
         return last.failure if last and last.ready_s is None else None
 
 
+class DiagnosisRecord(Record):
+    """<card>/<flags>/diagnosis.json: the diagnosis pass of a flag set decided by a device OOM — one more start
+    with the allocator history on and the deciding request sent once more, its allocator snapshot collected.
+    Recorded apart: never a timed sample, never a peak of the cell."""
+
+    model_config = ConfigDict(json_schema_extra=_schema_extra(required=("schema_version",)))
+
+    key: str = Field(pattern="^[^/]+/[^/]+$", description="the session key (card/flags)")
+    card: str
+    flags: str
+    at: Literal["oom", "peak"] = Field(description="oom: the deciding OOM's request (or load); peak: the last "
+                                                   "served reference count (diagnosis = always)")
+    of: str = Field(description="the record it repeats: a step key, or the session key for a load OOM")
+    references: int | None = Field(default=None, description="the reference count sent; None at load")
+    started_at: float
+    start_s: float | None = Field(default=None, description="start to ready (None: it never became ready)")
+    request_s: float | None = Field(default=None, description="/start_profile to /stop_profile's answer")
+    total_s: float = Field(ge=0, description="the whole pass: start, request, stop")
+    outcome: str = Field(description="what the request did: 'oom', 'served', 'oom at load', or the failure")
+    snapshot: str | None = Field(default=None, description="the snapshot, relative to the run folder")
+    why_none: str | None = Field(default=None, description="why there is no snapshot (one line)")
+    log: str | None = None
+    schema_version: int = Field(default=SCHEMA_VERSION, ge=1)
+
+
 class RunRecord(Record):
     """run.json: what was asked (the matrix, its hash, the plan) and what was found (versions, host, the
     facts per card), when it ran, and each resume."""
@@ -338,7 +363,8 @@ class RunRecord(Record):
     schema_version: int = Field(default=SCHEMA_VERSION, ge=1)
 
 
-ROOTS: tuple[type[Record], ...] = (StepRecord, SessionRecord, RunRecord)  # the record files, as published
+# the record files, as published
+ROOTS: tuple[type[Record], ...] = (StepRecord, SessionRecord, DiagnosisRecord, RunRecord)
 
 
 # --- reading a record file: migrate, then validate ---------------------------------------------------------

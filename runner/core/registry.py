@@ -283,6 +283,9 @@ class BackendEntry:
     # (slurm: the lane's allocations, released when the lane ends)
     lane: Target | None = None
     starts_sidecar: bool = False  # the backend starts `runner meter` beside each server itself (no sidecar_url)
+    # "module:function"(ServerPlan, host folder) -> (ServerPlan, the folder as the server sees it): how a folder of
+    # the runner's reaches the server, for the allocator snapshot it writes (raises ValueError: why it cannot)
+    profile_dir: Target = "runner.backends.base:same_path"
 
 
 def _local_line(server: Any) -> str:
@@ -305,7 +308,7 @@ BACKENDS.register(BackendEntry("docker", "runner.backends.docker:DockerServer", 
                                "a container on a local or remote Docker Engine, at its published port",
                                needs_image=True, reap="runner.backends.docker:reap_hosts",
                                endpoint="runner.backends.docker:endpoint", probe="runner.run.reach:probe_engine",
-                               start_line=_docker_line))
+                               start_line=_docker_line, profile_dir="runner.backends.docker:profile_dir"))
 
 
 # --- request dialects ------------------------------------------------------------------------------------------
@@ -319,16 +322,21 @@ class DialectEntry:
     build: str  # "module:function"(ImageRequest) -> HttpCall
     images: str  # "module:function"(response JSON) -> list of base64 payloads / data URIs, or the problem
     doc: str
+    # "module:function"(folder) -> the server's args that make it write allocator snapshots there, with the
+    # start/stop paths it then serves (runner.run.dialects.Profiler); None: the server cannot record one
+    profiler: str | None = None
 
 
 DIALECTS: Registry[DialectEntry] = Registry("dialect")
 for _dialect in (
     DialectEntry("vllm-omni-chat", "runner.run.dialects:chat", "runner.run.dialects:chat_images",
-                 "chat completions, ordered image_url references, literal extra_body"),
+                 "chat completions, ordered image_url references, literal extra_body",
+                 profiler="runner.run.dialects:vllm_omni_profiler"),
     DialectEntry("openai-images", "runner.run.dialects:generations", "runner.run.dialects:images_data",
                  "images/generations (no references)"),
     DialectEntry("openai-images-edits", "runner.run.dialects:edits", "runner.run.dialects:images_data",
-                 "multipart images/edits, one image[] part per reference"),
+                 "multipart images/edits, one image[] part per reference",
+                 profiler="runner.run.dialects:vllm_omni_profiler"),
 ):
     DIALECTS.register(_dialect)
 

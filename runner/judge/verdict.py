@@ -31,11 +31,15 @@ import itertools
 import math
 import random
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from operator import attrgetter
+from typing import TYPE_CHECKING
 
 from runner.core.records import Failure, FailureClass, SessionRecord, Status, StepRecord, send_again
+
+if TYPE_CHECKING:
+    from runner.judge.findings.held import Reading
 from runner.judge.decision import (
     Blocked,
     Cell,
@@ -398,7 +402,8 @@ def _facts(card: str, steps: list[StepRecord], sessions: list[SessionRecord], ru
 
 def decide(card: str, steps: list[StepRecord], sessions: list[SessionRecord], rules: VerdictRules,
            baseline_wall_s: float | None = None, capacity_bytes: int | None = None,
-           allocator: tuple[tuple[str, str], ...] = ()) -> Verdict:
+           allocator: tuple[tuple[str, str], ...] = (), held: Mapping[str, tuple[Reading, ...]] | None = None
+           ) -> Verdict:
     """One card's verdict: the first rule that decides, its words (verdict_text) and the findings. The
     card's capacity (its vram) and the pairs of flag sets that differ only in allocator settings come from
     the matrix."""
@@ -410,7 +415,7 @@ def decide(card: str, steps: list[StepRecord], sessions: list[SessionRecord], ru
     decision = next(d for rule in RULES if (d := rule(facts)) is not None)
     findings = card_findings(steps, sessions, roles, rules.target_references, tuple(rules.offload_roles),
                              capacity_bytes, {b.flags: b.stop.value for b in facts.stops.values()}, allocator,
-                             rules.min_psnr_db)
+                             rules.min_psnr_db, held)
     notes = tuple(pair.note() for pair in identical_pairs(steps)) + decision.notes
     return Verdict(card, decision.world, rules.target_references, decision.flags,
                    verdict_text.reason(decision, roles, rules), _evidence(decision), cells, notes,
@@ -446,9 +451,13 @@ def open_latencies(card: str, steps: list[StepRecord], sessions: list[SessionRec
 
 def decide_all(steps: list[StepRecord], sessions: list[SessionRecord], rules: VerdictRules,
                cards: list[str], baseline_wall_s: float | None = None,
-               capacities: dict[str, int] | None = None, allocator: tuple[tuple[str, str], ...] = ()
-               ) -> list[Verdict]:
+               capacities: dict[str, int] | None = None, allocator: tuple[tuple[str, str], ...] = (),
+               held: Mapping[tuple[str, str], tuple[Reading, ...]] | None = None) -> list[Verdict]:
+    """`held`: the diagnosis passes' snapshot readings by (card, flags)."""
+    by_card: dict[str, dict[str, tuple[Reading, ...]]] = {}
+    for (card, flags), readings in (held or {}).items():
+        by_card.setdefault(card, {})[flags] = readings
     return [decide(card, [s for s in steps if s.card == card], [s for s in sessions if s.card == card], rules,
-                   baseline_wall_s, (capacities or {}).get(card), allocator) for card in cards]
+                   baseline_wall_s, (capacities or {}).get(card), allocator, by_card.get(card)) for card in cards]
 
 

@@ -285,6 +285,10 @@ def findings_lines(v: Verdict) -> list[str]:
         lines += sites
     elif sites:
         lines += ["", "OOM sites that stopped its other default and offload flag sets:", *sites]
+    held = [(x, f.flag_sets[x].memory) for x in order if f.flag_sets[x].memory.held or f.flag_sets[x].memory.no_held]
+    if held:
+        lines += ["", "What held the memory (allocator snapshots of the diagnosis pass, not a measurement):"]
+        lines += [f"- {held_sentence(x, m)}" for x, m in held]
     if f.fragmentation:
         lines.append("")
     for fr in f.fragmentation:
@@ -297,3 +301,50 @@ def findings_lines(v: Verdict) -> list[str]:
         verdict = "fragmentation was part of the problem" if a_ru > b_ru else "fragmentation was not the problem"
         lines.append(f"- Allocator settings only: '{md(fr.b)}' against '{md(fr.a)}' {moved} ({verdict}){tail}.")
     return lines
+
+
+def _at_site(site: str, function: str | None) -> str:
+    return f"`{md(site)}" + (f" in {md(function)}`" if function else "`")
+
+
+def held_sentence(flags: str, m: MemoryModel) -> str:
+    """One flag set's held memory at its OOM (or peak) in plain words, with what each move would buy."""
+    if m.held is None:
+        why = m.no_held.why if m.no_held is not None else "no snapshot"
+        return f"'{md(flags)}': {md(why)}."
+    h = m.held
+    moment = ("at load" if h.references is None else f"at the {h.references}-reference OOM") if h.at == "oom" \
+        else f"at the {h.references}-reference peak"
+    if h.resident_bytes is not None and h.request_bytes is not None:
+        text = (f"'{md(flags)}': {moment}, {size(h.resident_bytes)} of the {size(h.active_bytes)} held were resident "
+                f"before the request")
+        top = next((s for s in h.by_site if s.phase == "request" and s.site != "other sites"), None)
+        if h.references is None:
+            text = f"'{md(flags)}': {moment}, the load held {size(h.active_bytes)}"
+        elif top is not None:
+            text += (f"; the request's largest live allocation was {size(top.bytes)} at "
+                     f"{_at_site(top.site, top.function)} ({size(h.request_bytes)} allocated by the request in all)")
+        else:
+            text += f"; the request held {size(h.request_bytes)}"
+    else:
+        text = f"'{md(flags)}': {moment}, {size(h.active_bytes)} were held (resident and request not told apart)"
+    if h.tried_bytes is not None and h.at == "oom":
+        text += f"; the failed allocation tried {size(h.tried_bytes)}"
+    if h.inactive_bytes:
+        text += f"; {size(h.inactive_bytes)} sat in segments unallocated (fragmentation)"
+    text += "."
+    if not any(s.site != "no frames recorded" for s in h.by_site):
+        text += " No frames recorded: no sites."
+    moves = list(h.counterfactuals)
+    if moves and moves[0].shortfall_bytes is not None:
+        short = moves[0].shortfall_bytes
+        if short <= 0:
+            text += f" Under the cap it was {size(-short)} from fitting the failed allocation (fragmentation aside)."
+        else:
+            said = "; ".join(f"moving {md(c.move)} frees {size(c.frees_bytes)}: "
+                             f"{'enough for the failed allocation' if c.enough else 'not enough on its own'}"
+                             for c in moves)
+            text += f" Against a shortfall of at least {size(short)}: {said}."
+    file = f" Snapshot: `{md(h.file)}` (opens in pytorch.org/memory_viz)." if h.file else ""
+    return text + file
+

@@ -277,6 +277,11 @@ class RunSettings(Table):
     oom_implies_seeds: bool = Field(True, description="with stop_after_oom: an OOM at n references also "
                                                       "implies the remaining seeds at n")
     require_idle_gpu: bool = Field(False, description="a GPU held by a foreign process stops the session")
+    diagnosis: Literal["off", "oom", "always"] = Field(
+        "oom", description="the diagnosis pass: for a flag set decided by a device OOM, restart its server "
+                           "with the allocator history on, send the deciding request once more and collect the "
+                           "allocator snapshot (never a timed sample or a peak); always: also the peak of the "
+                           "last served reference count; off: none")
     # A floor as well as a ceiling: a rate near zero is a sampling period beyond any clock (1e-300 Hz).
     sample_hz: float = Field(20, ge=MIN_SAMPLE_HZ, le=1000,
                              description="meter sampling rate (each meter caps it to what its source sustains)")

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from runner.core.records import SendTime, SessionRecord, Status, StepRecord
+from runner.core.records import DiagnosisRecord, SendTime, SessionRecord, Status, StepRecord
 from runner.core.units import fmt_s
 from runner.plan.lanes import Plan
 from runner.plan.matrix import VerdictRules
@@ -234,4 +234,24 @@ def estimate_lines(estimates: Sequence[LaneEstimate], source: str) -> list[str]:
     if estimates:
         lines.append(f"  run: {_clock(max(e.gpu_s for e in estimates))} (lanes in parallel), "
                      f"{_clock(sum(e.gpu_s for e in estimates))} of GPU time in all")
+    return lines
+
+
+def diagnosis_lines(diagnoses: Sequence[DiagnosisRecord]) -> list[str]:
+    """The diagnosis passes' cost (runner.run.diagnose): apart from the measured sends, per flag set."""
+    if not diagnoses:
+        return []
+    lines = ["Diagnosis passes (one start with the allocator history on and the deciding request sent once more, "
+             "per flag set decided by a device OOM; not measurements, not counted above):", "",
+             "| flag set | at | start (load) | request | whole pass | outcome | snapshot |",
+             "|---|---|---|---|---|---|---|"]
+    for d in sorted(diagnoses, key=lambda d: (d.key, d.at)):
+        refs = "load" if d.references is None else f"{d.references} ref"
+        got = f"`{d.snapshot.rsplit('/', 1)[-1]}`" if d.snapshot else (d.why_none or "none")
+        lines.append(f"| {d.key} | {d.at} ({refs}) | {'–' if d.start_s is None else fmt_s(d.start_s) + ' s'} | "
+                     f"{'–' if d.request_s is None else fmt_s(d.request_s) + ' s'} | {fmt_s(d.total_s)} s | "
+                     f"{d.outcome} | {got} |")
+    total = sum(d.total_s for d in diagnoses)
+    lines += ["", f"{len(diagnoses)} diagnosis pass(es), {fmt_s(total)} s in all "
+              f"({fmt_s(total / len(diagnoses))} s per pass).", ""]
     return lines

@@ -31,6 +31,7 @@ from runner.core.records import Failure, FailureClass, Peak, SessionRecord, Stat
 from runner.core.registry import METERS
 from runner.core.units import clip, fmt_bytes, fmt_s, unit_for
 from runner.judge.decision import Cell
+from runner.judge.findings.models import HeldMemory
 from runner.run.store import atomic_write
 
 COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
@@ -357,3 +358,65 @@ def _wrap(text: str, width: int) -> str:
     import textwrap
 
     return "\n".join(textwrap.wrap(text, width)) or text
+
+
+HELD_SHOWN = 4  # request-time sites drawn apart; the rest of the request is one segment
+
+
+def held_figure(card: str, held: Sequence[tuple[str, HeldMemory]], capacity_bytes: float) -> Figure | None:
+    """What held the memory at each flag set's OOM (allocator snapshot): one stacked bar per flag set —
+    resident before the request, the request's largest sites, the rest of the request, inactive bytes in
+    segments (fragmentation), the failed allocation on top (hatched) — against the card's capacity line."""
+    if not held:
+        return None
+    tops = [h.reserved_bytes + (h.tried_bytes or 0) for _, h in held]
+    div, unit = unit_for(max([*tops, capacity_bytes, 1]))
+    fig, ax = plt.subplots(figsize=(max(5.5, 2.0 + 1.9 * len(held)), 4.6))
+    greys = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#ccb974", "#64b5cd",
+             "#1b9e77", "#e7298a", "#66a61e"]
+    legend: dict[str, Patch] = {}
+
+    def put(x: int, bottom: float, value: float, color: str, label: str, hatch: str | None = None) -> float:
+        if value <= 0:
+            return bottom
+        ax.bar(x, value / div, bottom=bottom / div, width=0.55, color=color, edgecolor="black", lw=0.5, hatch=hatch)
+        legend.setdefault(label, Patch(facecolor=color, edgecolor="black", hatch=hatch, label=label))
+        return bottom + value
+
+    # one colour per site across the card's bars, so a legend entry means the same site in every bar
+    colour: dict[str, str] = {}
+    for _, h in held:
+        for s in [s for s in h.by_site if s.phase == "request" and s.site != "other sites"][:HELD_SHOWN]:
+            colour.setdefault(f"{s.site} in {s.function}" if s.function else s.site, greys[len(colour) % len(greys)])
+    for x, (_flags, h) in enumerate(held):
+        y = 0.0
+        if h.resident_bytes is not None and h.request_bytes is not None:
+            y = put(x, y, h.resident_bytes, "#9aa5b1", "resident before the request (weights, caches)")
+            sites = [s for s in h.by_site if s.phase == "request" and s.site != "other sites"]
+            shown = sites[:HELD_SHOWN]
+            for s in shown:
+                key = f"{s.site} in {s.function}" if s.function else s.site
+                mid = y + s.bytes / 2
+                y = put(x, y, s.bytes, colour[key], f"request: {clip(key, 70)}")
+                if s.bytes / div > 0.02 * (max(tops) / div):
+                    ax.text(x + 0.3, mid / div, fmt_bytes(s.bytes), fontsize=6, va="center")
+            y = put(x, y, h.request_bytes - sum(s.bytes for s in shown), "#d9d9d9", "request: every other site")
+        else:
+            y = put(x, y, h.active_bytes, "#9aa5b1", "held (resident / request not told apart)")
+        y = put(x, y, h.inactive_bytes or 0, "white", "inactive in segments (fragmentation)", hatch="..")
+        if h.at == "oom" and h.tried_bytes:
+            put(x, y, h.tried_bytes, "#ffffff00", "the allocation that failed", hatch="///")
+        ax.text(x, (y + (h.tried_bytes or 0)) / div, f" {fmt_bytes(h.active_bytes)} held", ha="center",
+                va="bottom", fontsize=7)
+    ax.axhline(capacity_bytes / div, color="black", ls=":", lw=1)
+    legend[f"capacity {fmt_bytes(capacity_bytes)}"] = Line2D([], [], color="black", ls=":", lw=1)  # type: ignore[assignment]
+    ax.set_xticks(range(len(held)))
+    ax.set_xticklabels([f"{f}\n{'load' if h.references is None else str(h.references) + ' ref'} {h.at}"
+                        for f, h in held], fontsize=8)
+    ax.set_xlim(-0.6, len(held) - 0.4)
+    ax.set_ylabel(f"device memory at the OOM ({unit})")
+    ax.set_title(f"{card}: what held the memory at each OOM (allocator snapshot)", fontsize=10)
+    ax.legend(list(legend.values()), list(legend.keys()), fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              borderaxespad=0)
+    ax.grid(alpha=0.25, axis="y")
+    return fig

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column
 
-from runner.core.records import Status, StepRecord
+from runner.core.records import DiagnosisRecord, Status, StepRecord
 from runner.core.units import clip, fmt_bytes, fmt_s
 from runner.judge.decision import Verdict
 from runner.judge.verdict_text import console_line
@@ -136,6 +136,16 @@ class ProgressView(Events):
         if decided(record):
             self.progress.advance(self.tasks[record.card])
         self.console.print(quote.console(step_line(record)), highlight=False, markup=False)
+
+    def diagnosis_started(self, card: str, flags: str, at: str) -> None:
+        self.progress.update(self.tasks[card], session=f"{self._label(card, flags)} diagnosis ({at})", memory="")
+
+    def diagnosis_done(self, record: DiagnosisRecord) -> None:
+        what = f"allocator snapshot {record.snapshot}" if record.snapshot else (record.why_none or "no snapshot")
+        refs = "load" if record.references is None else f"{record.references} ref"
+        self.console.print(quote.console(f"{record.key}: diagnosis pass ({record.at}, {refs}) in "
+                                         f"{fmt_s(record.total_s)} s: {record.outcome}; {what}"),
+                           highlight=False, markup=False)
 
     def memory(self, card: str, device_bytes: int | None) -> None:
         value = "–" if device_bytes is None else fmt_bytes(device_bytes)

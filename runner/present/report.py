@@ -14,6 +14,7 @@ from runner.core.records import Failure, SessionRecord, Status, StepRecord
 from runner.core.registry import METERS
 from runner.core.units import GIB, clip, fmt_bytes, fmt_s
 from runner.judge.decision import Cell, StopEvidence, Verdict
+from runner.judge.findings.models import HeldMemory
 from runner.judge.reconcile import reconcile, render
 from runner.judge.verdict import IdenticalPair, identical_pairs
 from runner.judge.verdict_text import findings_lines, summary
@@ -247,6 +248,14 @@ def _fresh(image: Path, sources: list[Path]) -> bool:
     return all(p.stat().st_mtime_ns < drawn for p in sources if p.exists())
 
 
+def _held(v: Verdict) -> list[tuple[str, HeldMemory]]:
+    """The flag sets whose diagnosis pass read what held the memory (at an OOM first)."""
+    if v.findings is None:
+        return []
+    found = [(f, m.memory.held) for f, m in v.findings.flag_sets.items() if m.memory.held is not None]
+    return sorted(found, key=lambda fh: fh[1].at != "oom")
+
+
 def _card_section(store: RunStore, v: Verdict, cards: dict[str, Any], sessions: list[SessionRecord],
                   steps: list[StepRecord], styles: dict[str, plots.FlagStyle], out: Path) -> list[str]:
     capacity = float(cards.get(v.card, {}).get("vram_gib", 0)) * GIB
@@ -290,7 +299,8 @@ def _card_section(store: RunStore, v: Verdict, cards: dict[str, Any], sessions: 
                    if s.start_failure}
     figs = [("capacity", plots.capacity_figure(v.card, v.cells, order, capacity, styles, never_ready)
              if v.cells else None),
-            ("latency", plots.latency_figure(v.card, card_steps, v.cells, order, styles))]
+            ("latency", plots.latency_figure(v.card, card_steps, v.cells, order, styles)),
+            ("held", plots.held_figure(v.card, _held(v), capacity))]
     for name, fig in figs:
         if fig is not None:
             image = plots.save(fig, _plot_path(out, f"{v.card}-{name}.png"))

@@ -224,6 +224,21 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
         metrics.observe(reply.status, time.perf_counter() - t0)
         return reply.response()
 
+    if engine.profiler is not None:  # vLLM-Omni registers these only with --profiler-config
+        profiler = engine.profiler
+
+        @app.post("/start_profile")
+        async def start_profile() -> Response:
+            return JSONResponse(await anyio.to_thread.run_sync(profiler.start))
+
+        @app.post("/stop_profile")
+        async def stop_profile() -> Response:
+            # after the request in flight (one at a time): its OOM, or its end, is what the snapshot shows
+            def stop() -> dict[str, Any]:
+                with service.lock:
+                    return profiler.stop()
+            return JSONResponse(await anyio.to_thread.run_sync(stop))
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         return await generate(request, "chat")

@@ -86,6 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--fault", action="append", default=[], metavar="KIND[@N]",
                     help="inject a fault (repeatable): load-fail, slow-load=SECONDS, jitter=MIN:MAX[:SEED], "
                          "exit@N, hang@N, malformed-json[@N], no-image[@N], wrong-size[@N], transparent[@N], grey[@N]")
+    ap.add_argument("--profiler-config", metavar="JSON",
+                    help='vLLM-Omni\'s profiler: {"profiler": "torch", "torch_profiler_dir": DIR, '
+                         '"torch_profiler_with_memory": true} enables POST /start_profile and /stop_profile, '
+                         'which write DIR/<timestamp>_<name>/memory_snapshot_rank0.pickle (PyTorch\'s allocator '
+                         'snapshot; on cpu from the accounted ledger); the load and an OOM are snapshotted too')
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_current_spellings(ap)
     return ap
@@ -175,6 +180,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     if device != "cpu" and not device.startswith("cuda"):
         raise ValueError(f"--device must be cpu or cuda[:N] (got {device!r})")
     dtype = args.dtype or ("float32" if device == "cpu" else "bfloat16")
+    if args.profiler_config is not None:
+        from runner.refserver.profiler import ProfilerConfig
+
+        ProfilerConfig.parse(args.profiler_config)  # a bad config is a usage error, before the load
     if args.vram_gib is not None and args.vram_gib <= 0:
         raise ValueError("--vram-gib must be > 0")
     oom_reply = args.oom_reply or ("detailed" if args.api in RELEASES else "mangled")
@@ -185,7 +194,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                         seed_weights=args.seed_weights, log_level=args.log_level,
                         faults=FaultPlan.parse(args.fault), api=args.api, log_stats=args.log_stats,
                         oom_reply=oom_reply, whole_device=args.cap_scope == "whole-device",
-                        pinned_pool=args.pinned_pool, init_on_device=args.init_on_device)
+                        pinned_pool=args.pinned_pool, init_on_device=args.init_on_device,
+                        profiler=args.profiler_config)
 
 
 def setup_logging(level: str) -> None:

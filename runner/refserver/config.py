@@ -103,6 +103,7 @@ class ServerConfig:
     # vLLM-Omni 8484d85d's init_parameters: the whole unquantized parameter set is materialized on the device
     # before quantization or offload engage (the seed's 16 GB card failed there under every flag set)
     init_on_device: bool = False
+    profiler: str | None = None  # vLLM-Omni's --profiler-config JSON (runner.refserver.profiler)
 
     @property
     def cpu_offload(self) -> bool:

@@ -16,7 +16,7 @@ from PIL import Image
 from torch import Tensor, nn
 
 from runner.refserver.config import ServerConfig
-from runner.refserver.memory import DeviceMemory, format_size, make_device_memory
+from runner.refserver.memory import AccountedMemory, DeviceMemory, format_size, make_device_memory
 from runner.refserver.model import (
     RefServerDiT,
     init_unit,
@@ -25,6 +25,7 @@ from runner.refserver.model import (
     reference_patches,
     tokenize,
 )
+from runner.refserver.profiler import CACHE_NAME, LedgerHistory, Profiler, ProfilerConfig
 
 log = logging.getLogger("refserver")
 
@@ -110,7 +111,8 @@ class CondSource:
         c, c_handle = self.embed()
         for layer, block in enumerate(e.model.blocks):
             with e.resident(layer):
-                kv = e.mem.alloc(self.kv_bytes, "cond k/v")
+                with e.mem.labelled():
+                    kv = e.mem.alloc(self.kv_bytes, "cond k/v")
                 c, k, v = block.cond_forward(c, self.pf, e.mem, e.nb, e.chunk)
             yield kv, k, v
         e.mem.free(c_handle)
@@ -130,9 +132,13 @@ class DeviceCache(CondSource):
         super().__init__(engine, ids, patches)
         self.kv: list[tuple[Tensor, Tensor]] = []
         self.handles: list[int] = []
-        for handle, k, v in self.prefill():
-            self.kv.append((k, v))
-            self.handles.append(handle)
+        engine.mem.kv_label = CACHE_NAME if engine.profiler else ""  # the snapshot names the cache's K/V
+        try:
+            for handle, k, v in self.prefill():
+                self.kv.append((k, v))
+                self.handles.append(handle)
+        finally:
+            engine.mem.kv_label = ""
         engine.cache_bytes["device"] += self.kv_bytes * len(self.kv)
 
     def layer(self, layer: int, block: nn.Module) -> tuple[Tensor, Tensor]:
@@ -300,7 +306,24 @@ class Engine:
         self.pinned = PinnedPool()
         self.chunk = 64
         self.load_seconds = 0.0
+        self.profiler = self._profiler()
         self.model = self._load()
+        if self.profiler is not None:
+            self.profiler.armed = False  # the load is over: only /start_profile … /stop_profile snapshots
+
+    def _profiler(self) -> Profiler | None:
+        """--profiler-config (vLLM-Omni's): the load is recorded and observed too, so a load OOM has a snapshot."""
+        if self.config.profiler is None:
+            return None
+        ledger = None
+        if self.device.type != "cuda" and isinstance(self.mem, AccountedMemory):
+            ledger = LedgerHistory()
+            self.mem.history = ledger
+        profiler = Profiler(ProfilerConfig.parse(self.config.profiler), self.device, ledger)
+        if isinstance(self.mem, AccountedMemory):
+            self.mem.on_oom = profiler.on_ledger_oom
+        profiler.record_load()
+        return profiler
 
     def nb(self, elements: int) -> int:
         return elements * self.elem

@@ -14,8 +14,9 @@ import contextlib
 import itertools
 import threading
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
@@ -45,6 +46,7 @@ class AccountedOutOfMemory(RuntimeError):
 # own frames (this file, and contextlib's around `hold`) from the end of an OOM's traceback, so it ends at
 # the model line that asked for the memory, as a CUDA OOM's does. Every frame left is a real one.
 _LEDGER_FILES = (__file__, contextlib.__file__)
+_LEDGER_SKIP = (*_LEDGER_FILES, __file__.replace("memory.py", "profiler.py"))  # a snapshot's frames, as above
 
 
 def as_raised_by_allocator(exc: BaseException) -> BaseException:
@@ -120,6 +122,24 @@ class DeviceMemory:
     def fit_to_device(self) -> None:
         """Make the cap cover the whole device usage (CUDA only)."""
 
+    # The name the allocations inside `labelled()` carry in an allocator snapshot (PyTorch's per-allocation
+    # metadata): the engine sets it while it builds a cache it keeps ("conditioning cache"), "" otherwise.
+    kv_label = ""
+
+    @contextmanager
+    def labelled(self) -> Iterator[None]:
+        if not self.kv_label:
+            yield
+            return
+        self._set_label(self.kv_label)
+        try:
+            yield
+        finally:
+            self._set_label("")
+
+    def _set_label(self, name: str) -> None:
+        return None
+
 
 class AccountedMemory(DeviceMemory):
     def __init__(self, capacity: int | None) -> None:
@@ -131,13 +151,22 @@ class AccountedMemory(DeviceMemory):
         self._peak = 0
         self._lifetime = 0
         self._scopes: list[set[int]] = []
+        self.history: Any = None  # profiler.LedgerHistory while --profiler-config asks for memory
+        self.on_oom: Callable[[], None] | None = None  # the profiler's OOM observer
 
     def alloc(self, nbytes: int, what: str) -> int:
         nbytes = int(nbytes)
         with self._lock:
             if self.capacity is not None and self._current + nbytes > self.capacity:
-                raise AccountedOutOfMemory(oom_message(nbytes, self.capacity, self._current, what))
+                failed = AccountedOutOfMemory(oom_message(nbytes, self.capacity, self._current, what))
+                if self.history is not None:
+                    self.history.oom(nbytes, _LEDGER_SKIP)
+                    if self.on_oom is not None:
+                        self.on_oom()
+                raise failed
             handle = next(self._ids)
+            if self.history is not None:
+                self.history.alloc(handle, nbytes, _LEDGER_SKIP)
             self._live[handle] = nbytes
             self._current += nbytes
             self._peak = max(self._peak, self._current)
@@ -149,6 +178,8 @@ class AccountedMemory(DeviceMemory):
     def free(self, handle: int) -> None:
         with self._lock:
             self._current -= self._live.pop(handle, 0)
+            if self.history is not None:
+                self.history.free(handle)
             for s in self._scopes:
                 s.discard(handle)
 
@@ -163,6 +194,10 @@ class AccountedMemory(DeviceMemory):
                 leftover = self._scopes.pop()
             for handle in leftover:
                 self.free(handle)
+
+    def _set_label(self, name: str) -> None:
+        if self.history is not None:
+            self.history.metadata = name
 
     def current(self) -> int:
         return self._current
@@ -209,6 +244,10 @@ class CudaMemory(DeviceMemory):
 
     def peak_reserved(self) -> int:
         return torch.cuda.max_memory_reserved(self.device)
+
+    def _set_label(self, name: str) -> None:
+        if hasattr(torch.cuda.memory, "_set_memory_metadata"):  # torch >= 2.9
+            torch.cuda.memory._set_memory_metadata(name)
 
     def current(self) -> int:
         return torch.cuda.memory_allocated(self.device)

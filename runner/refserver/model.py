@@ -12,6 +12,7 @@ import math
 import re
 import zlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 import numpy as np
 import torch
@@ -145,7 +146,8 @@ class Block(nn.Module):
         self.x_qkv, self.x_out = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
         self.x_fc1, self.x_fc2 = nn.Linear(dim, hidden), nn.Linear(hidden, dim)
 
-    def _qkv(self, proj: nn.Module, h: Tensor, pf_q: Tensor, pf_k: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _qkv(self, proj: nn.Module, h: Tensor, pf_q: Tensor, pf_k: Tensor,
+             kv_named: Callable[[], AbstractContextManager[None]] = nullcontext) -> tuple[Tensor, Tensor, Tensor]:
         """Projects to heads; the last m dims of each q/k head carry position features, so attention
         prefers spatially aligned tokens (a latent cell <-> the same place in each reference)."""
         q, k, v = (_heads(t, self.heads) for t in proj(h).chunk(3, dim=-1))
@@ -155,7 +157,9 @@ class Block(nn.Module):
             pos = pf.to(t.dtype)[None, None].expand(1, self.heads, -1, -1)
             return torch.cat([F.rms_norm(t[..., : d - m], (d - m,)), pos], dim=-1)
 
-        return put(q, pf_q), put(k, pf_k), v
+        with kv_named():  # the K a kept cache holds is this tensor (an allocator snapshot names it)
+            k = put(k, pf_k)
+        return put(q, pf_q), k, v
 
     def cond_forward(self, c: Tensor, pf: Tensor, mem: DeviceMemory, nb: Nbytes, chunk: int
                      ) -> tuple[Tensor, Tensor, Tensor]:
@@ -163,8 +167,9 @@ class Block(nn.Module):
         of at most `chunk` tokens so this stream never needs more scratch than the latent stream."""
         n, d = c.shape[1], c.shape[2]
         with mem.hold(nb(2 * n * d), "cond q + attention output"):
-            q, k, v = self._qkv(self.c_qkv, F.layer_norm(c, (d,)), pf, pf)
-            k, v = k.contiguous(), v.contiguous()  # own storage: the K/V outlive the fused qkv tensor
+            q, k, v = self._qkv(self.c_qkv, F.layer_norm(c, (d,)), pf, pf, mem.labelled)
+            with mem.labelled():  # a kept cache's K/V carry its name in an allocator snapshot
+                k, v = k.contiguous(), v.contiguous()  # own storage: the K/V outlive the fused qkv tensor
             outs = []
             for s in range(0, n, chunk):
                 with mem.hold(nb(self.heads * min(chunk, n - s) * n), "cond attention scores"):

@@ -243,3 +243,29 @@ def parse(dialect: str, body: bytes) -> Parsed:
     if image is None:
         return Parsed(None, peak, "image is not valid base64", unread, stages)
     return Parsed(image, peak, None, unread, stages)
+
+
+@dataclass(frozen=True)
+class Profiler:
+    """How a server is asked for an allocator snapshot: its extra args, then POST start before the request and
+    POST stop after it; it writes `<folder>/<timestamp>_<name>/<pattern>`."""
+
+    args: tuple[str, ...]
+    start_path: str
+    stop_path: str
+    pattern: str
+
+
+def vllm_omni_profiler(folder: str) -> Profiler:
+    """vLLM-Omni's spelling (vllm_omni/profiler/omni_torch_profiler.py): --profiler-config JSON, POST
+    /start_profile and /stop_profile, DIR/<timestamp>_<name>/memory_snapshot_rank<N>.pickle."""
+    config = {"profiler": "torch", "torch_profiler_dir": folder, "torch_profiler_with_memory": True}
+    return Profiler(("--profiler-config", json.dumps(config)), "/start_profile", "/stop_profile",
+                    "memory_snapshot_rank*.pickle")
+
+
+def profiler(dialect: str, folder: str) -> Profiler | None:
+    """The dialect's profiler interface for a folder as the server sees it; None: the server has none."""
+    target = DIALECTS.get(dialect).profiler
+    return None if target is None else load(target)(folder)
+

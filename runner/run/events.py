@@ -3,7 +3,7 @@ this module, never the executor, so the dependency points one way: execute → e
 
 from __future__ import annotations
 
-from runner.core.records import StepRecord
+from runner.core.records import DiagnosisRecord, StepRecord
 
 
 class Events:
@@ -19,6 +19,9 @@ class Events:
     def topup_done(self, record: StepRecord) -> None: ...  # a recorded step got more sends (repeats = auto)
     def memory(self, card: str, device_bytes: int | None) -> None: ...
     def lane_done(self, lane: str) -> None: ...
+    # the diagnosis pass of a flag set decided by a device OOM (runner.run.diagnose): not a measurement
+    def diagnosis_started(self, card: str, flags: str, at: str) -> None: ...
+    def diagnosis_done(self, record: DiagnosisRecord) -> None: ...
 
 
 class Fanout(Events):
@@ -58,3 +61,11 @@ class Fanout(Events):
     def lane_done(self, lane: str) -> None:
         for x in self.listeners:
             x.lane_done(lane)
+
+    def diagnosis_started(self, card: str, flags: str, at: str) -> None:
+        for x in self.listeners:
+            x.diagnosis_started(card, flags, at)
+
+    def diagnosis_done(self, record: DiagnosisRecord) -> None:
+        for x in self.listeners:
+            x.diagnosis_done(record)

@@ -519,6 +519,27 @@ def _topup_passes(ctx: RunContext, lane_name: str, refs: References, baselines: 
     return out
 
 
+def _diagnosis_passes(ctx: RunContext, lane_name: str, refs: References, baselines: Baselines) -> None:
+    """After a lane's measured sends: the diagnosis pass (runner.run.diagnose) of each of its flag sets decided
+    by a device OOM that has none yet (a resume does not repeat one)."""
+    from runner.run import diagnose
+
+    lane = next(x for x in ctx.plan.lanes if x.name == lane_name)
+    for session in lane.sessions:
+        if ctx.stop.is_set():
+            return
+        steps = ctx.recorded(session.card)
+        record = ctx.store.load_session(session.key)
+        for target in diagnose.targets(ctx.matrix.run.diagnosis, session, steps, record,
+                                       ctx.matrix.verdict.target_references):
+            if ctx.stop.is_set() or ctx.store.diagnosis_path(session.key, target.at).exists():
+                continue
+            ctx.events.diagnosis_started(session.card, session.flags, target.at)
+            done = diagnose.run_target(SessionRunner(ctx, session, refs, baselines), target)
+            ctx.store.write_diagnosis(done)
+            ctx.events.diagnosis_done(done)
+
+
 def run_plan(ctx: RunContext) -> list[SessionRecord]:
     """Run what is pending: one thread per lane, sessions one after another within a lane."""
     refs, baselines = References(), Baselines(ctx.matrix, ctx.store)
@@ -553,6 +574,7 @@ def _run_lanes(ctx: RunContext, refs: References, baselines: Baselines) -> list[
             # without starting anything, so the partial report shows what was not done.
             out = [SessionRunner(ctx, s, refs, baselines, scorer).run_session() for s in lane.sessions]
             out += _topup_passes(ctx, lane.name, refs, baselines, scorer)
+            _diagnosis_passes(ctx, lane.name, refs, baselines)
         ctx.events.lane_done(lane.name)
         return out
 

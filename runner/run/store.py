@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from runner.core.errors import UserError
-from runner.core.records import SCHEMA_VERSION, Record, RecordError, SessionRecord, StepRecord, load
+from runner.core.records import (
+    SCHEMA_VERSION,
+    DiagnosisRecord,
+    Record,
+    RecordError,
+    SessionRecord,
+    StepRecord,
+    load,
+)
 
 R = TypeVar("R", bound=Record)
 
@@ -273,6 +281,21 @@ class RunStore:
                 out.append(record)
             elif record is not None:
                 self.skipped(path, f"its key {record.key!r} is not its folder (a copy?); not counted")
+        return out
+
+    def diagnosis_path(self, session_key: str, at: str) -> Path:
+        return self.session_dir(session_key) / ("diagnosis.json" if at == "oom" else f"diagnosis-{at}.json")
+
+    def write_diagnosis(self, record: DiagnosisRecord) -> None:
+        """<card>/<flags>/diagnosis.json (the deciding OOM's pass), diagnosis-peak.json (diagnosis = always)."""
+        write_json(self.diagnosis_path(record.key, record.at), record.model_dump(mode="json"))
+
+    def load_diagnoses(self) -> list[DiagnosisRecord]:
+        out = []
+        for path in sorted(self.root.glob("*/*/diagnosis*.json")):
+            record = self._load(path, DiagnosisRecord)
+            if record is not None and record.key == path.parent.relative_to(self.root).as_posix():
+                out.append(record)
         return out
 
     def load_session(self, session_key: str) -> SessionRecord | None:

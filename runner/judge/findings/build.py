@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from runner.core.records import FailureClass, SessionRecord, Status, StepRecord
+from runner.judge.findings.held import Reading, with_held
 from runner.judge.findings.memory import memory_model
 from runner.judge.findings.models import ContributionSite, Findings, FlagSetFindings, Fragmentation, Functional
 from runner.observe.failures import error_lines, without_stamp
@@ -93,10 +94,11 @@ def fragmentation(models: Mapping[str, FlagSetFindings], pairs: Iterable[tuple[s
 def card_findings(steps: Sequence[StepRecord], sessions: Sequence[SessionRecord], roles: Mapping[str, str],
                   target: int, offload_roles: tuple[str, ...], capacity_bytes: int | None,
                   stops: Mapping[str, str], allocator: Iterable[tuple[str, str]] = (),
-                  min_psnr_db: float = 0.0) -> Findings:
+                  min_psnr_db: float = 0.0, held: Mapping[str, tuple[Reading, ...]] | None = None) -> Findings:
     session_of = {s.flags: s for s in sessions}
-    models = {f: FlagSetFindings(role=role, memory=memory_model([s for s in steps if s.flags == f],
-                                                                session_of.get(f), target, capacity_bytes))
+    models = {f: FlagSetFindings(role=role, memory=with_held(memory_model([s for s in steps if s.flags == f],
+                                                                          session_of.get(f), target, capacity_bytes),
+                                                             (held or {}).get(f, ()), capacity_bytes))
               for f, role in roles.items()}
     counted = [f for f, r in roles.items() if (r == "default" or r in offload_roles) and stops.get(f) == "capacity"]
     no_site = tuple(m.memory.oom.record for f, m in models.items()

@@ -37,6 +37,73 @@ class OomFacts(Record):
     no_site: str | None = Field(default=None, description="why there is no site")
 
 
+class HeldSite(Record):
+    """Live bytes at the snapshot's moment grouped by where they were allocated."""
+
+    site: str = Field(description="package-relative path:line of the innermost frame outside torch and the "
+                                  "standard library; 'no frames recorded' when the history was off")
+    function: str | None = None
+    phase: Literal["resident", "request", "unknown"] = Field(description="resident: allocated before the "
+                                                                         "request began; request: by it")
+    bytes: int = Field(ge=0)
+    blocks: int = Field(ge=0)
+
+
+class NamedPart(Record):
+    """A part the server named itself (PyTorch's per-allocation metadata), e.g. the conditioning cache."""
+
+    name: str
+    phase: Literal["resident", "request", "unknown"]
+    bytes: int = Field(ge=0)
+    blocks: int = Field(ge=0)
+
+
+class Counterfactual(Record):
+    """What moving one part off the device (or removing it) would free at the OOM, against the shortfall."""
+
+    move: str = Field(description="what would move: the resident set, a named part, the largest request-time "
+                                  "allocation (its site), the fragmentation")
+    frees_bytes: int = Field(ge=0)
+    shortfall_bytes: int | None = Field(description="at least this much more was needed at the OOM: the failed "
+                                                    "allocation minus what was free under the cap")
+    enough: bool | None = Field(description="frees at least the shortfall (the failed allocation would have fit; "
+                                            "the rest of the request may need more); None: no shortfall known")
+
+
+class HeldMemory(Record):
+    """What held the device memory at the deciding OOM (or at the peak of the last served count), read from the
+    allocator snapshot a diagnosis pass collected: resident before the request vs allocated by it, by site."""
+
+    at: Literal["oom", "peak"]
+    source: str = Field(description="'allocator snapshot'")
+    file: str | None = Field(default=None, description="the snapshot, relative to the run folder (opens in "
+                                                       "pytorch.org/memory_viz)")
+    record: str | None = Field(default=None, description="the diagnosis record (diagnosis.json's session key)")
+    references: int | None = Field(default=None, description="the reference count sent; None at load")
+    how: str = Field(description="'segments at the oom' (taken by an OOM observer), 'trace replayed to the oom', "
+                                 "or 'segments' (the snapshot's moment)")
+    active_bytes: int = Field(ge=0)
+    resident_bytes: int | None = Field(default=None, description="allocated before the request; None: unknown")
+    request_bytes: int | None = None
+    inactive_bytes: int | None = Field(default=None, description="in segments but unallocated (fragmentation)")
+    reserved_bytes: int = Field(ge=0)
+    tried_bytes: int | None = None
+    oom_reserved_unallocated_bytes: int | None = Field(default=None, description="the OOM message's figure, "
+                                                                                 "beside inactive_bytes")
+    by_site: tuple[HeldSite, ...] = Field(default=(), description="largest first (at most 12; the rest summed "
+                                                                  "per phase as 'other sites')")
+    named: tuple[NamedPart, ...] = ()
+    counterfactuals: tuple[Counterfactual, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+class NoHeld(Record):
+    """Why a deciding OOM has no held-memory reading (one line, never invented sites)."""
+
+    record: str | None = None
+    why: str
+
+
 class MemoryModel(Record):
     """One card × flag set: load peak, the peak per served reference count, a least-squares line through
     them (fixed working set + marginal bytes per reference), and the prediction at the target."""
@@ -62,6 +129,9 @@ class MemoryModel(Record):
     shortfall_bytes: int | None = Field(default=None, description="predicted peak minus capacity; negative = "
                                                                   "headroom")
     oom: OomFacts | None = None
+    held: HeldMemory | None = Field(default=None, description="what held the memory at the OOM (allocator "
+                                                              "snapshot of the diagnosis pass)")
+    no_held: NoHeld | None = Field(default=None, description="why there is no held-memory reading")
 
 
 class FlagSetFindings(Record):

@@ -1,0 +1,114 @@
+"""What held the memory at a deciding OOM, and what moving each part off the device would buy (pure): an
+allocator snapshot's reading (runner.observe.snapshot.Held) + the OOM's own figures → HeldMemory.
+
+The shortfall is what the failed allocation lacked: the bytes it tried minus what was free under the cap that
+bound — for a per-process cap (`… allowed`), the cap minus what PyTorch had reserved (allocated + reserved but
+unallocated); for the GPU's total, the total minus what the process had in use; without the OOM's figures,
+the snapshot's reserved bytes against the card's capacity. It is a lower bound for the request: past the
+failed allocation it would have needed more. A counterfactual is `enough` when what it frees covers it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runner.judge.findings.models import Counterfactual, HeldMemory, HeldSite, MemoryModel, NamedPart, NoHeld, OomFacts
+from runner.observe.snapshot import Held
+
+TOP_SITES = 12
+
+
+def shortfall(held: Held, oom: OomFacts | None, capacity_bytes: int | None) -> int | None:
+    tried = (oom.tried_bytes if oom is not None else None) or held.tried_bytes
+    if tried is None:
+        return None
+    if oom is not None and oom.capacity_bytes is not None:
+        cap = oom.capacity_bytes
+        reserved = (oom.allocated_bytes + oom.reserved_unallocated_bytes
+                    if oom.allocated_bytes is not None and oom.reserved_unallocated_bytes is not None else None)
+        in_use = oom.in_use_bytes
+        # Under a per-process cap the process's in-use figure (CUDA context included) exceeds the cap; against
+        # the GPU's total it does not, and it counts what PyTorch's allocator does not see.
+        base = reserved if in_use is None or in_use > cap else max(reserved or 0, in_use)
+        if base is not None:
+            return base + tried - cap
+    if capacity_bytes is None:
+        return None
+    return held.reserved_bytes + tried - capacity_bytes
+
+
+def _sites(held: Held) -> tuple[HeldSite, ...]:
+    top = [HeldSite(site=s.site, function=s.function, phase=s.phase, bytes=s.bytes, blocks=s.blocks)  # type: ignore[arg-type]
+           for s in held.by_site[:TOP_SITES]]
+    rest: dict[str, list[int]] = {}
+    for s in held.by_site[TOP_SITES:]:
+        acc = rest.setdefault(s.phase, [0, 0])
+        acc[0] += s.bytes
+        acc[1] += s.blocks
+    top += [HeldSite(site="other sites", function=None, phase=p, bytes=b, blocks=n)  # type: ignore[arg-type]
+            for p, (b, n) in rest.items()]
+    return tuple(top)
+
+
+def largest_request_site(held: Held) -> HeldSite | None:
+    return next((HeldSite(site=s.site, function=s.function, phase="request", bytes=s.bytes, blocks=s.blocks)
+                 for s in held.by_site if s.phase == "request" and s.site not in ("no frames recorded",)), None)
+
+
+def counterfactuals(held: Held, short: int | None) -> tuple[Counterfactual, ...]:
+    """The resident set, each part the server named, the largest request-time allocation, the fragmentation."""
+    moves: list[tuple[str, int]] = []
+    if held.resident_bytes:
+        moves.append(("the resident set (weights and what lived before the request) to the host", held.resident_bytes))
+    for n in held.named:
+        moves.append((f"the {n.name} to the host", n.bytes))
+    if (big := largest_request_site(held)) is not None:
+        where = f"{big.site} in {big.function}" if big.function else big.site
+        moves.append((f"the largest request-time allocation ({where}) off the device (chunked or offloaded)",
+                      big.bytes))
+    if held.inactive_bytes:
+        moves.append(("the fragmentation (inactive bytes in segments; expandable_segments:True)", held.inactive_bytes))
+    return tuple(Counterfactual(move=m, frees_bytes=b, shortfall_bytes=short,
+                                enough=None if short is None else b >= short) for m, b in moves)
+
+
+def held_memory(held: Held, oom: OomFacts | None, capacity_bytes: int | None, *, file: str | None,
+                record: str | None, references: int | None) -> HeldMemory:
+    short = shortfall(held, oom, capacity_bytes) if held.at == "oom" else None
+    return HeldMemory(at="oom" if held.at == "oom" else "peak", source="allocator snapshot", file=file,
+                      record=record, references=references, how=held.exact, active_bytes=held.active_bytes,
+                      resident_bytes=held.resident_bytes, request_bytes=held.request_bytes,
+                      inactive_bytes=held.inactive_bytes, reserved_bytes=held.reserved_bytes,
+                      tried_bytes=held.tried_bytes,
+                      oom_reserved_unallocated_bytes=oom.reserved_unallocated_bytes if oom is not None else None,
+                      by_site=_sites(held),
+                      named=tuple(NamedPart(name=n.name, phase=n.phase, bytes=n.bytes, blocks=n.blocks)  # type: ignore[arg-type]
+                                  for n in held.named),
+                      counterfactuals=counterfactuals(held, short), notes=held.notes)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A diagnosis pass's snapshot as read (runner.run.diagnose.readings): what held the memory, or why not."""
+
+    record: str  # the diagnosis record's session key
+    at: str  # "oom" | "peak"
+    references: int | None
+    file: str | None
+    held: Held | None
+    why: str | None
+
+
+def with_held(model: MemoryModel, readings: tuple[Reading, ...], capacity_bytes: int | None) -> MemoryModel:
+    """The memory model with what held the memory at its deciding OOM (else at the peak), or why not."""
+    oom_reading = next((r for r in readings if r.at == "oom"), None)
+    reading = oom_reading or next((r for r in readings if r.at == "peak"), None)
+    if reading is None:
+        return model
+    if reading.held is None:
+        return model.model_copy(update={"no_held": NoHeld(record=reading.record, why=reading.why or "no snapshot")})
+    held = held_memory(reading.held, model.oom if reading.at == "oom" else None,
+                       model.capacity_bytes or capacity_bytes, file=reading.file, record=reading.record,
+                       references=reading.references)
+    return model.model_copy(update={"held": held})
+

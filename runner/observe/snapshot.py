@@ -1,0 +1,314 @@
+"""A PyTorch caching-allocator snapshot (`torch.cuda.memory._snapshot()`, `_dump_snapshot`) → what held the
+device memory at the OOM (pure: bytes in, facts out).
+
+A snapshot is a pickle a server wrote: untrusted input. `load` unpickles it with an unpickler that refuses
+every global (a real snapshot holds only dicts, lists, tuples, str, int, float, bool and None; any class,
+function or persistent id is refused before it is looked up, so nothing named in the pickle ever runs),
+after a size bound on the file and on its gzip-decompressed bytes. The reader then walks a bounded number of
+segments, blocks, trace events and frames, so a pickle of shared references cannot make the walk explode.
+
+What was live at the OOM:
+- the snapshot's own segments, when it was taken at the OOM itself (an OOM observer: the trace's last event
+  is the `oom`) or when there is no trace to replay;
+- else the trace replayed up to its `oom` event (vLLM-Omni's profiler dumps at /stop_profile, after the
+  failed request freed its activations): the blocks alive before the trace began (alive in the snapshot with
+  no trace event, or freed later in the trace without an alloc in it) plus the trace's allocations not freed
+  before the OOM.
+
+Resident before the request vs allocated by it: a block is resident when it was allocated before the
+request began — before the trace began (vLLM-Omni's profiler clears the history at /start_profile, so the
+weights carry no frames and no alloc event), or before `request_began_us` on the trace's clock when the
+server recorded history across requests; else it was allocated by the request. A history recorded across
+requests without a known start cannot tell the two apart: the split is then unknown (`split=None`), never
+guessed. Without any frames (history not recorded) there are no sites: "no frames recorded".
+
+A site is the innermost frame outside torch and the Python standard library, package-relative as the OOM
+sites are (observe/traceback: `diffusers/models/activations.py:88 in forward`). Inactive bytes are the
+segments' blocks not allocated (fragmentation: PyTorch's "reserved by PyTorch but unallocated").
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import pickle
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from runner.observe.traceback import FRAMEWORKS, STDLIB, package_path
+
+MAX_FILE_BYTES = 256 * 2**20  # the real 34-layer Qwen-Image snapshot: 1.9 MB gzipped, 21 MB unpickled
+MAX_BLOCKS = 200_000
+MAX_EVENTS = 1_000_000
+MAX_FRAMES = 64  # per block or event, innermost first
+NO_FRAMES = "no frames recorded"
+NO_SITE = "no frame outside torch"
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+class SnapshotError(ValueError):
+    """A snapshot that cannot be read: one line saying why (refused, too large, broken, not a snapshot)."""
+
+
+class _NoGlobals(pickle.Unpickler):
+    """Refuses every global and persistent id before looking anything up: nothing named ever runs."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise SnapshotError(f"refused: the pickle names a global ({module[:60]}.{name[:60]}); an allocator "
+                            f"snapshot holds only plain data")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise SnapshotError("refused: the pickle asks for a persistent object; an allocator snapshot holds only "
+                            "plain data")
+
+
+def load(data: bytes, max_bytes: int = MAX_FILE_BYTES) -> dict[str, Any]:
+    """An allocator snapshot's bytes (a pickle, gzipped or not) → its dict; SnapshotError naming why not."""
+    if len(data) > max_bytes:
+        raise SnapshotError(f"too large: {len(data)} bytes > {max_bytes}")
+    if data[:2] == GZIP_MAGIC:
+        try:
+            with gzip.GzipFile(fileobj=io.BytesIO(data)) as z:
+                data = z.read(max_bytes + 1)
+        except (OSError, EOFError) as exc:
+            raise SnapshotError(f"broken gzip: {exc}") from None
+        if len(data) > max_bytes:
+            raise SnapshotError(f"too large: more than {max_bytes} bytes once decompressed")
+    try:
+        obj = _NoGlobals(io.BytesIO(data)).load()
+    except SnapshotError:
+        raise
+    except Exception as exc:  # any malformed pickle: a truncated stream, a bad opcode, a stack error
+        raise SnapshotError(f"not a pickle: {type(exc).__name__}: {str(exc)[:200]}") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("segments"), list):
+        raise SnapshotError("not an allocator snapshot: no 'segments' list")
+    return obj
+
+
+@dataclass(frozen=True)
+class Site:
+    site: str  # package-relative path:line, or NO_FRAMES / NO_SITE
+    function: str | None
+    phase: str  # "resident" | "request" | "unknown"
+    bytes: int
+    blocks: int
+
+
+@dataclass(frozen=True)
+class Named:
+    """A part the server named itself (PyTorch's per-allocation `user_metadata`, e.g. the conditioning cache)."""
+
+    name: str
+    phase: str
+    bytes: int
+    blocks: int
+
+
+@dataclass(frozen=True)
+class Held:
+    at: str  # "oom" or "snapshot" (the snapshot's moment: a peak, when there was no OOM)
+    exact: str  # how the live blocks were found: "segments at the oom", "trace replayed to the oom", "segments"
+    active_bytes: int
+    resident_bytes: int | None  # None: the split is unknown
+    request_bytes: int | None
+    inactive_bytes: int | None  # None: a replay cannot know the segments at the OOM
+    reserved_bytes: int
+    segments: int
+    blocks: int
+    tried_bytes: int | None  # the oom event's size
+    frames: bool  # any frames recorded
+    by_site: tuple[Site, ...]
+    named: tuple[Named, ...] = ()
+    expandable_segments: bool | None = None
+    notes: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class _Block:
+    size: int
+    frames: tuple[tuple[str, int, str], ...]
+    resident: bool | None
+    metadata: str = ""
+
+
+def _int(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
+
+
+def _frames(raw: Any) -> tuple[tuple[str, int, str], ...]:
+    if not isinstance(raw, list | tuple):
+        return ()
+    out = []
+    for f in raw[:MAX_FRAMES]:
+        if isinstance(f, dict):
+            out.append((str(f.get("filename", ""))[:500], _int(f.get("line")), str(f.get("name", ""))[:200]))
+    return tuple(out)
+
+
+def _outside_torch(path: str) -> bool:
+    if not path or path.startswith("<"):
+        return False
+    _, package = package_path(path)
+    if package in FRAMEWORKS:
+        return False
+    return any(d in path for d in ("site-packages", "dist-packages")) or not STDLIB.search(path.replace("\\", "/"))
+
+
+def site_of(frames: Sequence[tuple[str, int, str]]) -> tuple[str, str | None]:
+    """(site, function): the innermost frame outside torch and the standard library (frames innermost first)."""
+    if not frames:
+        return NO_FRAMES, None
+    for path, line, name in frames:
+        if _outside_torch(path):
+            return f"{package_path(path)[0]}:{line}", name
+    return NO_SITE, None
+
+
+def _events(snap: Mapping[str, Any]) -> list[dict[str, Any]]:
+    traces = snap.get("device_traces")
+    if not isinstance(traces, list):
+        return []
+    # one device per server process here: the device with the most events (the OOM's)
+    best = max((t for t in traces if isinstance(t, list)), key=len, default=[])
+    return [e for e in best[:MAX_EVENTS] if isinstance(e, dict)]
+
+
+def _segments(snap: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [s for s in snap["segments"] if isinstance(s, dict)]
+
+
+def _seg_blocks(segments: Iterable[Mapping[str, Any]]) -> Iterable[tuple[int, Mapping[str, Any]]]:
+    n = 0
+    for seg in segments:
+        addr = _int(seg.get("address"))
+        blocks = seg.get("blocks")
+        if not isinstance(blocks, list):
+            continue
+        for b in blocks:
+            if n >= MAX_BLOCKS:
+                return
+            if isinstance(b, dict):
+                n += 1
+                yield _int(b.get("address")) or addr, b
+                addr += _int(b.get("size"))
+
+
+def _live_from_segments(segments: list[dict[str, Any]], trace_allocs: Mapping[int, tuple[int, str]],
+                        began_us: int | None, traced: bool, covers_start: bool) -> list[_Block]:
+    out = []
+    for addr, b in _seg_blocks(segments):
+        if b.get("state") != "active_allocated":
+            continue
+        alloc = trace_allocs.get(addr)  # (time_us, user_metadata) of this address's last alloc in the trace
+        if not traced:
+            resident = None
+        elif alloc is None:
+            resident = True  # allocated before the trace began
+        elif began_us is not None:
+            resident = alloc[0] < began_us
+        else:  # the trace began with the request (history cleared at its start), unless it covers the process
+            resident = None if covers_start else False
+        out.append(_Block(_int(b.get("size")), _frames(b.get("frames")), resident, alloc[1] if alloc else ""))
+    return out
+
+
+def _replay(events: list[dict[str, Any]], oom_at: int, segments: list[dict[str, Any]],
+            began_us: int | None, covers_start: bool) -> list[_Block]:
+    """The live blocks at events[oom_at] (the oom event): the trace's allocations not freed before it, plus
+    the blocks alive before the trace began."""
+    live: dict[int, _Block] = {}
+    freed_before: set[int] = set()  # pre-trace blocks freed before the OOM
+    for e in events[:oom_at]:
+        addr, action = _int(e.get("addr")), e.get("action")
+        if action == "alloc":
+            t = _int(e.get("time_us"))
+            resident = (t < began_us) if began_us is not None else (None if covers_start else False)
+            live[addr] = _Block(_int(e.get("size")), _frames(e.get("frames")), resident,
+                                str(e.get("user_metadata", ""))[:200])
+        elif action == "free_completed" and live.pop(addr, None) is None:
+            freed_before.add(addr)
+    allocated_in_trace = {_int(e.get("addr")) for e in events if e.get("action") == "alloc"}
+    pre: list[_Block] = []
+    for e in events[oom_at + 1:]:  # pre-trace blocks alive at the OOM and freed after it: size only
+        addr = _int(e.get("addr"))
+        if e.get("action") == "free_completed" and addr not in allocated_in_trace and addr not in freed_before:
+            pre.append(_Block(_int(e.get("size")), (), True))
+            freed_before.add(addr)
+    for addr, b in _seg_blocks(segments):  # pre-trace blocks still alive at the snapshot
+        if b.get("state") == "active_allocated" and addr not in allocated_in_trace and addr not in freed_before:
+            pre.append(_Block(_int(b.get("size")), _frames(b.get("frames")), True))
+    return [*pre, *live.values()]
+
+
+def read(snap: Mapping[str, Any], request_began_us: int | None = None) -> Held:
+    """What held the memory at the snapshot's OOM (or at the snapshot, when its trace holds no OOM)."""
+    segments = _segments(snap)
+    events = _events(snap)
+    oom_at = next((i for i in range(len(events) - 1, -1, -1) if events[i].get("action") == "oom"), None)
+    notes: list[str] = []
+    traced = bool(events)
+    trace_allocs: dict[int, tuple[int, str]] = {}
+    for e in events:
+        if e.get("action") == "alloc":
+            trace_allocs[_int(e.get("addr"))] = (_int(e.get("time_us")), str(e.get("user_metadata", ""))[:200])
+    # A trace that began with the process (every live block has its alloc in it, the weights too) cannot tell
+    # by itself where the request began: only a given start can. A history cleared at the request's start
+    # (vLLM-Omni's /start_profile) leaves the blocks allocated before it without an alloc event.
+    live_addrs = [a for a, b in _seg_blocks(segments) if b.get("state") == "active_allocated"]
+    covers_start = (traced and request_began_us is None and bool(live_addrs)
+                    and all(a in trace_allocs for a in live_addrs))
+    tried = _int(events[oom_at].get("size")) if oom_at is not None else None
+    reserved = sum(_int(s.get("total_size")) for s in segments)
+    inactive: int | None = sum(_int(b.get("size")) for _, b in _seg_blocks(segments) if b.get("state") == "inactive")
+    if oom_at is None or oom_at == len(events) - 1:
+        exact = "segments at the oom" if oom_at is not None else "segments"
+        blocks = _live_from_segments(segments, trace_allocs, request_began_us, traced, covers_start)
+    else:
+        exact = "trace replayed to the oom"
+        blocks = _replay(events, oom_at, segments, request_began_us, covers_start)
+        inactive = None
+        notes.append("the snapshot was taken after the OOM: the live blocks come from the trace replayed to the "
+                     "oom event; the segments' inactive bytes at the OOM are not known")
+    frames = any(b.frames for b in blocks)
+    if blocks and not frames:
+        notes.append(NO_FRAMES + " (the allocator's history was off): no sites")
+    split_known = all(b.resident is not None for b in blocks)
+    if not traced:
+        notes.append("no allocator trace: resident and request bytes cannot be told apart")
+    elif not split_known:
+        notes.append("the history covers the whole process and the server did not mark the request's start: "
+                     "resident and request bytes cannot be told apart")
+    by: dict[tuple[str, str | None, str], list[int]] = {}
+    named: dict[tuple[str, str], list[int]] = {}
+    for b in blocks:
+        phase = "unknown" if not split_known else ("resident" if b.resident else "request")
+        site, function = site_of(b.frames)
+        acc = by.setdefault((site, function, phase), [0, 0])
+        acc[0] += b.size
+        acc[1] += 1
+        if b.metadata:
+            n = named.setdefault((b.metadata, phase), [0, 0])
+            n[0] += b.size
+            n[1] += 1
+    active = sum(b.size for b in blocks)
+    resident = sum(b.size for b in blocks if b.resident) if split_known else None
+    settings = snap.get("allocator_settings")
+    expandable = settings.get("expandable_segments") if isinstance(settings, dict) else None
+    return Held(at="oom" if oom_at is not None else "snapshot", exact=exact, active_bytes=active,
+                resident_bytes=resident, request_bytes=None if resident is None else active - resident,
+                inactive_bytes=inactive, reserved_bytes=reserved, segments=len(segments), blocks=len(blocks),
+                tried_bytes=tried, frames=frames,
+                by_site=tuple(sorted((Site(s, f, p, v[0], v[1]) for (s, f, p), v in by.items()),
+                                     key=lambda x: (-x.bytes, x.site))),
+                named=tuple(sorted((Named(n, p, v[0], v[1]) for (n, p), v in named.items()), key=lambda x: -x.bytes)),
+                expandable_segments=expandable if isinstance(expandable, bool) else None, notes=tuple(notes))
+
+
+def read_bytes(data: bytes, request_began_us: int | None = None) -> Held:
+    """load + read, for a snapshot file's bytes (SnapshotError: one line why not)."""
+    snap = load(data)
+    try:
+        return read(snap, request_began_us)
+    except (TypeError, KeyError, AttributeError) as exc:  # plain data of an unexpected shape
+        raise SnapshotError(f"not an allocator snapshot: {type(exc).__name__}: {str(exc)[:200]}") from None

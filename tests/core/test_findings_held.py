@@ -1,0 +1,90 @@
+"""What held the memory at an OOM (runner.judge.findings.held) and its words: the shortfall under the cap that
+bound, what moving each part frees, and the report's sentence — from a snapshot reading (observe.snapshot.Held)."""
+
+from __future__ import annotations
+
+from runner.judge.findings.held import Reading, counterfactuals, held_memory, shortfall, with_held
+from runner.judge.findings.models import MemoryModel, OomFacts
+from runner.judge.verdict_text import held_sentence
+from runner.observe.snapshot import Held, Named, Site
+
+MIB, GIB = 2**20, 2**30
+
+
+def reading(**kw: object) -> Held:
+    base: dict = dict(at="oom", exact="segments at the oom", active_bytes=round(23.23 * GIB),
+                      resident_bytes=round(21.64 * GIB), request_bytes=round(23.23 * GIB) - round(21.64 * GIB),
+                      inactive_bytes=317 * MIB, reserved_bytes=round(23.23 * GIB) + 317 * MIB, segments=496,
+                      blocks=1135, tried_bytes=576 * MIB, frames=True,
+                      by_site=(Site("diffusers/models/activations.py:78", "__init__", "resident", 5 * GIB, 136),
+                               Site("diffusers/models/activations.py:88", "forward", "request", 576 * MIB, 1),
+                               Site("diffusers/models/transformers/transformer_qwenimage.py:698", "forward",
+                                    "request", 144 * MIB, 1)))
+    return Held(**(base | kw))
+
+
+OOM = OomFacts(record="c/default/refs-5/f-seed-1", references=5, tried_bytes=576 * MIB,
+               allocated_bytes=round(23.23 * GIB), reserved_unallocated_bytes=317 * MIB,
+               in_use_bytes=round(24.21 * GIB), capacity_bytes=24 * GIB)
+
+
+def test_shortfall_under_a_per_process_cap_is_what_the_failed_allocation_lacked() -> None:
+    # 24 GiB allowed, 23.23 GiB allocated + 317 MiB reserved-unallocated: 0.46 GiB free, 576 MiB tried
+    short = shortfall(reading(), OOM, None)
+    assert short == round(23.23 * GIB) + 317 * MIB + 576 * MIB - 24 * GIB
+    assert 0 < short < 576 * MIB
+
+
+def test_against_the_gpu_total_the_processs_in_use_counts() -> None:
+    oom = OOM.model_copy(update={"capacity_bytes": 24 * GIB, "in_use_bytes": round(23.9 * GIB)})
+    assert shortfall(reading(), oom, None) == round(23.9 * GIB) + 576 * MIB - 24 * GIB
+
+
+def test_without_the_ooms_figures_the_snapshot_and_the_card_capacity() -> None:
+    h = reading()
+    assert shortfall(h, None, 24 * GIB) == h.reserved_bytes + 576 * MIB - 24 * GIB
+    assert shortfall(h, None, None) is None
+
+
+def test_counterfactuals_resident_named_largest_request_site_fragmentation() -> None:
+    h = reading(named=(Named("conditioning cache", "request", 300 * MIB, 60),))
+    moves = counterfactuals(h, 200 * MIB)
+    assert [m.move.split(" (")[0] for m in moves] == [
+        "the resident set", "the conditioning cache to the host", "the largest request-time allocation",
+        "the fragmentation"]
+    assert [m.frees_bytes for m in moves] == [h.resident_bytes, 300 * MIB, 576 * MIB, 317 * MIB]
+    assert all(m.enough for m in moves)
+    small = counterfactuals(h, 400 * MIB)
+    assert [m.enough for m in small] == [True, False, True, False]
+    assert "diffusers/models/activations.py:88 in forward" in moves[2].move
+
+
+def test_unknown_split_gives_no_resident_move_and_says_so() -> None:
+    h = reading(resident_bytes=None, request_bytes=None,
+                by_site=(Site("no frames recorded", None, "unknown", round(23.23 * GIB), 1135),), frames=False)
+    held = held_memory(h, OOM, None, file="x.pickle", record="c/default", references=5)
+    assert [c.move.split(" (")[0] for c in held.counterfactuals] == ["the fragmentation"]
+    text = held_sentence("default", MemoryModel(source=None, target_references=4, held=held))
+    assert "not told apart" in text and "No frames recorded" in text
+
+
+def test_the_sentence_names_the_split_the_site_and_the_moves() -> None:
+    model = MemoryModel(source="nvml", target_references=4, capacity_bytes=24 * GIB, oom=OOM)
+    m = with_held(model, (Reading("c/default", "oom", 5, "c/default/diagnosis/oom/x.pickle", reading(), None),), None)
+    assert m.held is not None and m.held.by_site[1].site == "diffusers/models/activations.py:88"
+    text = held_sentence("default", m)
+    assert text.startswith("'default': at the 5-reference OOM, 21.64 GiB of the 23.23 GiB held were resident "
+                           "before the request; the request's largest live allocation was 576.00 MiB at "
+                           "`diffusers/models/activations.py:88 in forward`")
+    assert "317.00 MiB sat in segments unallocated" in text
+    assert "Against a shortfall of at least" in text
+    assert "the resident set (weights and what lived before the request) to the host frees 21.64 GiB: enough" in text
+    assert "pytorch.org/memory_viz" in text
+
+
+def test_no_snapshot_is_one_line() -> None:
+    model = MemoryModel(source=None, target_references=4)
+    why = "no allocator snapshot: this server cannot record one (its dialect has no profiler interface)"
+    m = with_held(model, (Reading("c/default", "oom", 2, None, None, why),), None)
+    assert m.held is None and m.no_held is not None and m.no_held.why == why
+    assert held_sentence("default", m) == f"'default': {why}."

@@ -1,0 +1,186 @@
+"""The allocator-snapshot reader (runner.observe.snapshot) on the three real snapshots of the real Qwen-Image
+transformer OOMing on an emulated 24 GiB card of an H200 (../shared/data/qwen-image-snapshot/, README there),
+and on hostile pickles."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+
+from runner.observe import snapshot as S
+
+DATA = Path(os.environ.get("RUNNER_SNAPSHOT_DATA", "/work/shared/data/qwen-image-snapshot"))
+MIB, GIB = 2**20, 2**30
+needs_data = pytest.mark.skipif(not (DATA / "snapshot-default.pickle.gz").exists(), reason="no real snapshot data")
+
+
+def _probe_request_began(snap: dict) -> int:
+    """Where the probe's 5th (OOM'd) request began on the trace's clock: its script frees the previous
+    request's output at top level (an event whose innermost frame is `<module>`) right before it; the real
+    probe recorded history from the process's start, so the start must be given (as a server that clears its
+    history at /start_profile gives it by construction)."""
+    events = S._events(snap)
+    oom = max(i for i, e in enumerate(events) if e["action"] == "oom")
+    last = max(i for i, e in enumerate(events[:oom]) if e["frames"] and e["frames"][0]["name"] == "<module>")
+    return events[last]["time_us"] + 1
+
+
+_cache: dict[str, tuple[dict, S.Held | None]] = {}
+
+
+def real(name: str, began: bool = True) -> tuple[dict, S.Held]:
+    """One real snapshot, read once per test session (the default one is 140 MB unpickled)."""
+    if name not in _cache:
+        snap = S.load((DATA / f"snapshot-{name}.pickle.gz").read_bytes())
+        _cache[name] = (snap, None)
+    snap, held = _cache[name]
+    if held is None:
+        held = S.read(snap, _probe_request_began(snap) if S._events(snap) else None)
+        _cache[name] = (snap, held)
+    return snap, held if began else S.read(snap)
+
+
+def site(held: S.Held, where: str, function: str) -> S.Site:
+    return next(s for s in held.by_site if s.site == where and s.function == function)
+
+
+@needs_data
+def test_default_allocator_resident_weights_and_the_request_mlp_activation() -> None:
+    _, h = real("default")
+    assert h.at == "oom" and h.exact == "segments at the oom"
+    assert h.active_bytes == 24_940_293_632  # 23.23 GiB, the OOM message's "allocated by PyTorch"
+    assert h.resident_bytes is not None and h.request_bytes is not None
+    assert h.resident_bytes + h.request_bytes == h.active_bytes
+    assert 21.60 * GIB <= h.resident_bytes <= 21.70 * GIB  # 21.60 GiB of weights + small buffers
+    mlp = site(h, "diffusers/models/activations.py:88", "forward")
+    assert (mlp.phase, mlp.bytes, mlp.blocks) == ("request", 576 * MIB, 1)
+    request = [s for s in h.by_site if s.phase == "request"]
+    assert request[0] == mlp  # the largest request-time allocation
+    assert sum(s.bytes for s in request) == h.request_bytes
+    # the weights by construction site: the MLPs' first projections, the modulation layers
+    assert site(h, "diffusers/models/activations.py:78", "__init__").phase == "resident"
+    assert site(h, "diffusers/models/transformers/transformer_qwenimage.py:609", "__init__").bytes == 3_851_624_448
+    assert h.tried_bytes == 576 * MIB  # the GELU one line later
+    assert round(h.inactive_bytes / MIB, 2) == 317.08  # "317.08 MiB is reserved by PyTorch but unallocated"
+    assert h.segments == 496 and h.expandable_segments is False
+
+
+@needs_data
+def test_expandable_segments_inactive_bytes() -> None:
+    _, h = real("expandable")
+    assert round(h.inactive_bytes / MIB, 1) == 99.6
+    assert h.segments == 6 and h.expandable_segments is True
+    mlp = site(h, "diffusers/models/activations.py:88", "forward")  # 6 refs: 28,672 tokens x 12,288 x 2 B
+    assert (mlp.phase, mlp.bytes) == ("request", 672 * MIB)
+    assert h.tried_bytes == 672 * MIB
+
+
+@needs_data
+def test_without_a_known_request_start_the_split_is_unknown_not_guessed() -> None:
+    _, h = real("default", began=False)
+    assert h.resident_bytes is None and h.request_bytes is None
+    assert {s.phase for s in h.by_site} == {"unknown"}
+    assert any("cannot be told apart" in n for n in h.notes)
+    assert h.active_bytes == 24_940_293_632
+
+
+@needs_data
+def test_no_history_snapshot_has_no_sites() -> None:
+    _, h = real("no-history")
+    assert not h.frames
+    assert [s.site for s in h.by_site] == [S.NO_FRAMES]
+    assert h.by_site[0].bytes == h.active_bytes == 24_940_293_632
+    assert h.resident_bytes is None
+    assert round(h.inactive_bytes / MIB, 2) == 317.08
+    assert any(n.startswith("no frames recorded") for n in h.notes)
+
+
+class _Runs:
+    def __reduce__(self) -> tuple:
+        return (os.system, (f"touch {self.path}",))
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+
+def test_a_pickle_naming_a_global_is_refused_and_nothing_runs(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    evil = pickle.dumps({"segments": [], "x": _Runs(marker)})
+    assert b"system" in evil
+    for data in (evil, gzip.compress(evil)):
+        with pytest.raises(S.SnapshotError, match=r"refused: the pickle names a global \((posix|os)\.system\)"):
+            S.load(data)
+    assert not marker.exists()
+    # the same pickle through the ordinary unpickler does run it: the test would see it
+    pickle.loads(evil)
+    assert marker.exists()
+
+
+@pytest.mark.parametrize(("data", "why"), [
+    (b"", "not a pickle"),
+    (b"\x80\x05garbage", "not a pickle"),
+    (pickle.dumps([1, 2]), "no 'segments' list"),
+    (b"\x1f\x8b\x08rest", "broken gzip"),
+    (pickle.dumps({"segments": []}) * 0 + b"x" * 100, "too large"),
+])
+def test_broken_or_oversized_input_is_one_line(data: bytes, why: str) -> None:
+    with pytest.raises(S.SnapshotError, match=why) as exc:
+        S.load(data, max_bytes=50)
+    assert "\n" not in str(exc.value)
+
+
+def test_decompression_is_bounded() -> None:
+    bomb = gzip.compress(b"\0" * (4 * MIB))
+    with pytest.raises(S.SnapshotError, match="once decompressed"):
+        S.load(bomb, max_bytes=MIB)
+
+
+def _block(addr: int, size: int, state: str = "active_allocated", frames: list | None = None) -> dict:
+    return {"address": addr, "size": size, "requested_size": size, "state": state, "frames": frames or []}
+
+
+def _frame(path: str, line: int, name: str) -> dict:
+    return {"filename": path, "line": line, "name": name}
+
+
+TORCH = "/venv/lib/python3.12/site-packages/torch/nn/modules/linear.py"
+OWN = "/srv/app/engine.py"
+
+
+def test_a_snapshot_taken_after_the_oom_is_replayed_to_the_oom_event() -> None:
+    """vLLM-Omni's profiler dumps at /stop_profile, after the failed request freed its activations: the
+    weights (allocated before the history started: no frames, no event) are resident, the request's blocks
+    live at the oom event come from the trace."""
+    act = [_frame(TORCH, 134, "forward"), _frame(OWN, 88, "forward")]
+    blocks = [_block(0, 1000), _block(1000, 2000, "inactive")]
+    snap = {"segments": [{"address": 0, "total_size": 3000, "blocks": blocks}],
+            "device_traces": [[
+                {"action": "alloc", "addr": 1000, "size": 700, "time_us": 5, "frames": act},
+                {"action": "alloc", "addr": 1700, "size": 200, "time_us": 6, "frames": act},
+                {"action": "free_completed", "addr": 1700, "size": 200, "time_us": 7, "frames": act},
+                {"action": "oom", "size": 900, "time_us": 8, "frames": act},
+                {"action": "free_completed", "addr": 1000, "size": 700, "time_us": 9, "frames": act},
+            ]]}
+    h = S.read(snap)
+    assert h.exact == "trace replayed to the oom"
+    assert (h.active_bytes, h.resident_bytes, h.request_bytes, h.tried_bytes) == (1700, 1000, 700, 900)
+    assert h.inactive_bytes is None  # not known at the OOM from a later snapshot
+    req = next(s for s in h.by_site if s.phase == "request")
+    assert (req.site, req.function, req.bytes) == ("/srv/app/engine.py:88", "forward", 700)
+    assert next(s for s in h.by_site if s.phase == "resident").site == S.NO_FRAMES
+
+
+def test_named_parts_come_from_the_servers_metadata() -> None:
+    frames = [_frame(OWN, 113, "build")]
+    blocks = [_block(0, 500), _block(500, 400, frames=frames)]
+    snap = {"segments": [{"address": 0, "total_size": 900, "blocks": blocks}],
+            "device_traces": [[{"action": "alloc", "addr": 500, "size": 400, "time_us": 1, "frames": frames,
+                                "user_metadata": "conditioning cache"},
+                               {"action": "oom", "size": 300, "time_us": 2, "frames": frames}]]}
+    h = S.read(snap)
+    assert [(n.name, n.phase, n.bytes) for n in h.named] == [("conditioning cache", "request", 400)]
+    assert (h.resident_bytes, h.request_bytes, h.inactive_bytes) == (500, 400, 0)
