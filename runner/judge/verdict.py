@@ -445,8 +445,9 @@ def settled(d: Decision) -> Decision:
     def measured(b: Blocked) -> Blocked:
         if b.cause != "straddles" or b.latency is None:
             return b
-        return replace(b, stop=Stop.SERVED, why=f"serves it; {b.latency.text()} (measured; it decides nothing, "
-                       f"the card is {d.world})", cause="measured", detail=b.latency.figure())
+        lat = replace(b.latency, decide_at=None)  # no sends are planned for it: nothing to suggest
+        return replace(b, stop=Stop.SERVED, why=f"{lat.text()}: a measured figure, it cannot change the card's "
+                       f"world ({d.world})", cause="measured", detail=lat.figure(), latency=lat)
 
     return replace(d, stops=tuple(measured(b) for b in d.stops))
 
