@@ -20,8 +20,10 @@ Latency: every timed send of a served step (`wall_samples_s`, repeats × seeds �
 cell's wall time is their median with the min–max spread. A latency ratio is median over median, with a
 95% percentile-bootstrap interval (each side resampled on its own, fixed seed: still a pure function). With
 two samples a side that interval is about the min–max pairing; more repeats narrow it, min–max would not.
-Under `repeats = "auto"` (rules.latency_looks > 1) the interval is runner.plan.sequential's instead: Welch's t on
-log wall times at 1 − 0.05 / looks, the one that decided when to stop sending (docs/matrix.md).
+Under `repeats = "auto"` (rules.latency_looks > 1) the ratio is of geometric means and the interval is
+runner.plan.sequential's: a t interval on log wall times at 1 − 0.02 / looks with each side's noise pooled over
+its whole session (`session_noise`), paired by seed, the one that decided when to stop sending
+(docs/matrix.md). A straddling ratio on a card that reached a world is a measured figure (`settled`).
 """
 
 from __future__ import annotations
