@@ -379,8 +379,8 @@ class Facts:
                            f"all above {limit:g}", record=cell.steps[0], cause="slow", latency=lat,
                            detail=f"{fmt_ratio(lat.ratio)} > {limit:g}")
         if lat is not None and lat.high > limit:
-            return replace(served, stop=Stop.UNKNOWN, why=f"serves {self.target}, but {lat.text(limit)}"
-                           + (f" straddles {limit:g}" if lat.informative else "") + f": {self._more(lat)}",
+            return replace(served, stop=Stop.UNKNOWN, why=f"serves {self.target}, but {lat.text(limit)} straddles "
+                           f"{limit:g}: {self._more(lat)}",
                            record=cell.steps[0], cause="straddles", latency=lat, detail=lat.straddles(limit))
         return replace(served, latency=lat)
 

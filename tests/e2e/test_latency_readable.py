@@ -5,36 +5,13 @@ and verdict.json without NaN / Infinity tokens. Reuses the shared run of example
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 
-from runner.judge.decision import SHOWN, WIDEST
 from tests.conftest import ExampleRun
+from tests.core.test_latency_words import unreadable
 
 pytestmark = pytest.mark.slow
-
-NUMBER = r"(\d+(?:\.\d+)?(?:e[+-]?\d+)?)"
-RANGE = re.compile(NUMBER + r"\s*[–-]\s*" + NUMBER)
-TIMES = re.compile(NUMBER + "×")
-
-
-def latency_phrases(text: str) -> list[str]:
-    """Each stretch of text from "latency" to the end of its clause (";", a table cell's "|", a line's end)."""
-    return [m.group(0) for m in re.finditer(r"latency[^;|\n]*", text)]
-
-
-def unreadable(text: str) -> list[str]:
-    """Every latency phrase with an interval wider than WIDEST or a figure outside SHOWN."""
-    bad = []
-    for phrase in latency_phrases(text):
-        for low, high in RANGE.findall(phrase):
-            lo, hi = float(low), float(high)
-            if lo < SHOWN[0] or hi > SHOWN[1] or hi / lo > WIDEST:
-                bad.append(phrase)
-        bad += [phrase for x in TIMES.findall(phrase) if not SHOWN[0] <= float(x) <= SHOWN[1]]
-    return bad
-
 
 def test_the_checker_catches_what_main_printed() -> None:
     # Issue 31's console line on main (213f931), and a readable one.
