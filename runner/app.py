@@ -194,7 +194,7 @@ def as_recorded(matrix: Matrix, steps: Sequence[Any]) -> Matrix:
     default, `repeats = 2`, when its matrix names no repeats: its latency is judged as it was then."""
     if matrix.run.auto_repeats and steps and not any(s.sends for s in steps) and \
             not re.search(r"(?m)^\s*repeats\s*=", matrix.text):
-        return replace(matrix, verdict=matrix.verdict.model_copy(update={"latency_looks": 1}),
+        return replace(matrix, verdict=matrix.verdict.model_copy(update={"latency_looks": 1, "latency_max_repeats": 0}),
                        run=matrix.run.model_copy(update={"repeats_setting": 2}))
     return matrix
 

@@ -147,6 +147,7 @@ class Blocked:
     record: str | None  # the deciding record: a step key, or the session key for a start failure
     server_says: tuple[str, ...] = ()  # the server's own last error lines, from the failure's evidence
     # "oom-at-load", "oom", "start" (did not start, not memory), "broken", "low-psnr", "slow", "straddles",
+    # "measured" (served; a latency that straddles the limit on a card that reached a world: a figure),
     # "failure" (a request failure that is not memory: `detail` names its class), "skipped", "absent", "served"
     cause: str = ""
     references: int | None = None
@@ -172,9 +173,24 @@ class Blocked:
                    d.get("cause", ""), d.get("references"), d.get("detail"), memory=d.get("memory"))
 
 
+# An interval wider than this factor (high / low), or with a bound outside SHOWN, says nothing a reader can
+# use: the words say what would decide it instead (docs/matrix.md, "Latency and its noise"); verdict.json
+# keeps the numbers.
+WIDEST = 20.0
+SHOWN = (0.001, 1000.0)
+
+
+def fmt_ratio(x: float) -> str:
+    """A latency ratio for a sentence, inside SHOWN ("<0.001×", ">1000×" beyond it)."""
+    if not x < SHOWN[1]:
+        return f">{SHOWN[1]:g}×"
+    return f"<{SHOWN[0]:g}×" if x < SHOWN[0] else f"{x:.2g}×" if x < 0.01 else f"{x:.2f}×"
+
+
 @dataclass(frozen=True)
 class Latency:
-    """An offload flag set's latency over a reference: median ratio and the interval its samples allow."""
+    """An offload flag set's latency over a reference: the ratio (of `measure`s) and the interval its
+    samples allow."""
 
     ratio: float
     low: float
@@ -185,16 +201,44 @@ class Latency:
     references: int | None = None  # the count both sides were timed at (the console and report say it)
     # The two cells compared, as (flags, references); the reference side is None for a baseline wall time.
     sides: tuple[tuple[str, int], tuple[str, int] | None] | None = None
+    measure: str = "medians"  # the ratio is of "medians" (bootstrap) or of "geometric means" (auto)
+    decide_at: int | None = None  # about this many timed sends a side would decide it (auto, an open ratio)
+    exhausted: bool = False  # auto: both sides at max_repeats, more sends are not planned
+    paired: bool = False  # paired by seed
 
     @property
     def bounded(self) -> bool:
         return math.isfinite(self.high)
 
-    def text(self) -> str:
-        if not self.bounded:
-            return (f"latency ratio {self.ratio:.2f} [unbounded: fewer than two timed sends on a side] "
-                    f"vs {self.reference}")
-        return f"latency ratio {self.ratio:.2f} [{self.low:.2f}–{self.high:.2f}] vs {self.reference}"
+    @property
+    def informative(self) -> bool:
+        """An interval worth printing: bounded, at most WIDEST wide, both bounds inside SHOWN."""
+        return (self.bounded and self.low > 0 and self.high / self.low <= WIDEST
+                and SHOWN[0] <= self.low and self.high <= SHOWN[1])
+
+    def figure(self, limit: float | None = None) -> str:
+        """"1.20× (geometric means) [0.95–1.52]", or what would bound it (against `limit`, when given)."""
+        head = f"{fmt_ratio(self.ratio)} ({self.measure}{', paired by seed' if self.paired else ''})"
+        if self.informative:
+            return f"{head} [{self.low:.2f}–{self.high:.2f}]"
+        return f"{head}, {self.unbounded_words(limit)}"
+
+    def unbounded_words(self, limit: float | None = None) -> str:
+        n = min(self.samples)
+        sends = f"{n} timed send{'' if n == 1 else 's'} a side"
+        if not self.bounded and self.decide_at is None:
+            return f"not yet bounded ({sends}, no spread measured yet)"
+        against = f" against {limit:g}×" if limit is not None else ""
+        more = (f"; about {self.decide_at} would decide it{against}" if self.decide_at is not None
+                and not self.exhausted else "")
+        return f"not yet bounded ({sends}{more})"
+
+    def text(self, limit: float | None = None) -> str:
+        return f"latency ratio {self.figure(limit)} vs {self.reference}"
+
+    def straddles(self, limit: float) -> str:
+        """A ratio open against the limit, in a few words."""
+        return f"{self.figure(limit)} straddles {limit:g}" if self.informative else self.figure(limit)
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,10 @@ Latency: every timed send of a served step (`wall_samples_s`, repeats × seeds �
 cell's wall time is their median with the min–max spread. A latency ratio is median over median, with a
 95% percentile-bootstrap interval (each side resampled on its own, fixed seed: still a pure function). With
 two samples a side that interval is about the min–max pairing; more repeats narrow it, min–max would not.
-Under `repeats = "auto"` (rules.latency_looks > 1) the interval is runner.plan.sequential's instead: Welch's t on
-log wall times at 1 − 0.05 / looks, the one that decided when to stop sending (docs/matrix.md).
+Under `repeats = "auto"` (rules.latency_looks > 1) the ratio is of geometric means and the interval is
+runner.plan.sequential's: a t interval on log wall times at 1 − 0.02 / looks with each side's noise pooled over
+its whole session (`session_noise`), paired by seed, the one that decided when to stop sending
+(docs/matrix.md). A straddling ratio on a card that reached a world is a measured figure (`settled`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import itertools
 import math
 import random
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import TYPE_CHECKING
@@ -50,6 +52,7 @@ from runner.judge.decision import (
     Stop,
     Verdict,
     World,
+    fmt_ratio,
 )
 from runner.observe.failures import CLUSTER_CLASS, error_lines
 from runner.plan import sequential
@@ -168,27 +171,76 @@ def _walls(cell: Cell) -> tuple[float, ...]:
     return cell.walls_s or ((cell.wall_s,) if cell.wall_s else ())  # verdict.json of earlier runs: no samples
 
 
-def _ratio(off: Cell, ref: Cell | None, base_wall: float | None, what: str, n: int, looks: int = 1
+def _timed(s: StepRecord) -> tuple[float, ...]:
+    return s.wall_samples_s or ((s.wall_s,) if s.wall_s is not None else ())
+
+
+def session_noise(steps: Iterable[StepRecord], flags: str) -> sequential.Noise | None:
+    """The pooled noise of one card's session of `flags`: every served workload (reference count × fixture:
+    its seeds and repeats) around its own mean (runner.plan.sequential.pooled_noise)."""
+    workloads: dict[tuple[int, str], list[float]] = {}
+    for s in steps:
+        if s.flags == flags and s.status == Status.OK:
+            workloads.setdefault((s.references, s.fixture), []).extend(_timed(s))
+    return sequential.pooled_noise(workloads.values())
+
+
+def _side(steps: Iterable[StepRecord], flags: str, n: int) -> dict[tuple[str, int], tuple[float, ...]]:
+    return {(s.fixture, s.seed): t for s in steps if s.flags == flags and s.references == n
+            and s.status == Status.OK and (t := _timed(s))}
+
+
+def _kept(x: float) -> float:
+    """A bound for verdict.json: three decimals, or three significant digits below 0.001 (never 0 for a
+    positive bound)."""
+    return x if not math.isfinite(x) else round(x, 3) if x >= 0.001 or x == 0 else float(f"{x:.3g}")
+
+
+@dataclass(frozen=True)
+class _Auto:
+    """What the sequential interval needs beyond the cells: the card's steps and the planned looks."""
+
+    steps: tuple[StepRecord, ...]
+    looks: int
+    max_repeats: int
+    limit: float
+
+
+def _ratio(off: Cell, ref: Cell | None, base_wall: float | None, what: str, n: int, auto: _Auto | None = None
            ) -> Latency | None:
     """Median over median with its bootstrap interval (a recorded baseline wall time is one sample); under
-    auto (looks > 1) the geometric-mean ratio with runner.plan.sequential's interval."""
+    auto the ratio of geometric means with runner.plan.sequential's interval over the sessions' pooled noise."""
     num = _walls(off)
     den = _walls(ref) if ref is not None else (base_wall,) if base_wall else ()
     if not num or not den:
         return None
     sides = ((off.flags, off.references), None if ref is None else (ref.flags, ref.references))
     ratio = statistics.median(num) / statistics.median(den)
-    if looks > 1:
-        iv = sequential.ratio_interval(num, den, looks=looks, den_exact=ref is None)
+    extra: dict[str, object] = {}
+    if auto is not None:
+        noise = session_noise(auto.steps, off.flags)
+        ref_noise = None if ref is None else session_noise(auto.steps, ref.flags)
+        x = _side(auto.steps, off.flags, off.references)
+        y: dict[tuple[str, int], tuple[float, ...]] | float = (_side(auto.steps, ref.flags, ref.references)
+                                                               if ref is not None else float(den[0]))
+        iv = sequential.ratio_interval(x, y, noise, ref_noise, looks=auto.looks) if x and y else None
         ratio, low, high = (ratio, 0.0, math.inf) if iv is None else (iv.ratio, iv.low, iv.high)
+        pools = [z for z in (noise, ref_noise) if z is not None]
+        pool = max(pools, key=attrgetter("var")) if pools else None
+        decide_at = None
+        if iv is not None and pool is not None and sequential.judge(iv, auto.limit) == sequential.Judgement.OPEN:
+            decide_at = sequential.sends_to_decide(iv, auto.limit, pool, min(len(num), len(den)), auto.looks)
+        timed = [*x.values(), *(y.values() if isinstance(y, dict) else ())]
+        extra = {"measure": "geometric means", "decide_at": decide_at, "paired": iv is not None and iv.paired,
+                 "exhausted": auto.max_repeats > 0 and all(len(t) >= auto.max_repeats for t in timed)}
     else:
         low, high = ratio_interval(num, den)
-    return Latency(round(ratio, 3), round(low, 3), high if math.isinf(high) else round(high, 3), what,
-                   round(statistics.median(den), 4), (len(num), len(den)), n, sides)
+    return Latency(_kept(ratio), _kept(low), _kept(high), what, round(statistics.median(den), 4),
+                   (len(num), len(den)), n, sides, **extra)  # type: ignore[arg-type]
 
 
 def latency(flags: str, cells: list[Cell], defaults: list[str], target: int,
-            baseline_wall_s: float | None, looks: int = 1) -> Latency | None:
+            baseline_wall_s: float | None, auto: _Auto | None = None) -> Latency | None:
     """Offload at n vs default at n for the largest n both serve (the same workload on both sides); else
     the offload cell at the target vs the baseline's recorded wall time; else unknown."""
     served = {(c.flags, c.references): c for c in cells if c.served and c.wall_s}
@@ -197,11 +249,11 @@ def latency(flags: str, cells: list[Cell], defaults: list[str], target: int,
     if common:
         n, d = common[-1]
         return _ratio(served[(flags, n)], served[(d, n)], None,
-                      f"default '{d}' at {n} reference(s), both sides at {n}", n, looks)
+                      f"default '{d}' at {n} reference(s), both sides at {n}", n, auto)
     if (flags, target) in served and baseline_wall_s:
         return _ratio(served[(flags, target)], None, baseline_wall_s,
                       f"the baseline's recorded wall time ({baseline_wall_s:g} s) at {target} reference(s)", target,
-                      looks)
+                      auto)
     return None
 
 
@@ -326,19 +378,28 @@ class Facts:
 
     def _judge_latency(self, served: Blocked) -> Blocked:
         flags, cell = served.flags, self.at[served.flags]
-        lat = latency(flags, list(self.cells), self.defaults, self.target, self.baseline_wall_s,
-                      self.rules.latency_looks)
+        auto = None if self.rules.latency_looks <= 1 else _Auto(
+            self.steps, self.rules.latency_looks, self.rules.latency_max_repeats, self.rules.max_latency_ratio)
+        lat = latency(flags, list(self.cells), self.defaults, self.target, self.baseline_wall_s, auto)
         limit = self.rules.max_latency_ratio
         if lat is not None and lat.low > limit:
             return replace(served, stop=Stop.LATENCY, why=f"serves {self.target} but too slow: {lat.text()}, "
                            f"all above {limit:g}", record=cell.steps[0], cause="slow", latency=lat,
-                           detail=f"{lat.ratio:.2f}× > {limit:g}")
+                           detail=f"{fmt_ratio(lat.ratio)} > {limit:g}")
         if lat is not None and lat.high > limit:
-            return replace(served, stop=Stop.UNKNOWN, why=f"serves {self.target}, but {lat.text()} straddles "
-                           f"{limit:g}: rerun with more repeats", record=cell.steps[0], cause="straddles",
-                           latency=lat, detail=(f"{lat.low:.2f}–{lat.high:.2f}× straddles {limit:g}" if lat.bounded
-                                                else f"{lat.ratio:.2f}×, unbounded (one timed send a side)"))
+            return replace(served, stop=Stop.UNKNOWN, why=f"serves {self.target}, but {lat.text(limit)} straddles "
+                           f"{limit:g}: {self._more(lat)}",
+                           record=cell.steps[0], cause="straddles", latency=lat, detail=lat.straddles(limit))
         return replace(served, latency=lat)
+
+    def _more(self, lat: Latency) -> str:
+        """What more sends would do for a straddling ratio (issue 30, A-2: nothing, once auto is at its end)."""
+        if self.rules.latency_looks <= 1:
+            return "rerun with more repeats (or repeats = \"auto\")"
+        if lat.exhausted:
+            return (f"still open with {self.rules.latency_max_repeats} timed sends a step on both sides "
+                    f"(max_repeats): the measured noise does not separate it from the limit")
+        return "more timed sends would decide it (--resume sends them)"
 
     def others(self, decided: str | None) -> tuple[Blocked, ...]:
         return tuple(b for f, b in self.stops.items() if f != decided)
@@ -385,6 +446,22 @@ def not_built(f: Facts) -> Decision:
 RULES: tuple[Callable[[Facts], Decision | None], ...] = (fits_resident, offload_works, undecided, not_built)
 
 
+def settled(d: Decision) -> Decision:
+    """A card that reached a world: a latency that straddles the limit can no longer change it, so it is a
+    measured figure, not an open question (issue 31)."""
+    if d.world == World.UNDECIDED:
+        return d
+
+    def measured(b: Blocked) -> Blocked:
+        if b.cause != "straddles" or b.latency is None:
+            return b
+        lat = replace(b.latency, decide_at=None)  # no sends are planned for it: nothing to suggest
+        return replace(b, stop=Stop.SERVED, why=f"{lat.text()}: a measured figure, it cannot change the card's "
+                       f"world ({d.world})", cause="measured", detail=lat.figure(), latency=lat)
+
+    return replace(d, stops=tuple(measured(b) for b in d.stops))
+
+
 def _non_offload_note(f: Facts) -> tuple[str, ...]:
     served = [x for x in f.roles if x not in f.defaults + f.offloads and f.served(x)]
     return (f"served {f.target} only under non-offload flag set(s) {', '.join(served)}, which do not count "
@@ -412,10 +489,10 @@ def decide(card: str, steps: list[StepRecord], sessions: list[SessionRecord], ru
 
     facts = _facts(card, steps, sessions, rules, baseline_wall_s)
     cells, roles = facts.cells, facts.roles
-    decision = next(d for rule in RULES if (d := rule(facts)) is not None)
+    decision = settled(next(d for rule in RULES if (d := rule(facts)) is not None))
+    stops = {b.flags: b.stop.value for b in facts.stops.values()} | {b.flags: b.stop.value for b in decision.stops}
     findings = card_findings(steps, sessions, roles, rules.target_references, tuple(rules.offload_roles),
-                             capacity_bytes, {b.flags: b.stop.value for b in facts.stops.values()}, allocator,
-                             rules.min_psnr_db, held)
+                             capacity_bytes, stops, allocator, rules.min_psnr_db, held)
     notes = tuple(pair.note() for pair in identical_pairs(steps)) + decision.notes
     return Verdict(card, decision.world, rules.target_references, decision.flags,
                    verdict_text.reason(decision, roles, rules), _evidence(decision), cells, notes,

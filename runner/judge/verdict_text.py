@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from runner.core.units import clip, fmt_bytes, fmt_s
+from runner.judge.decision import fmt_ratio
 from runner.observe import quote
 from runner.observe.failures import without_stamp
 
@@ -87,6 +88,7 @@ def stop_words(b: Blocked) -> str:
         "skipped": f"skipped at {_refs(n)}",
         "absent": (f"{b.detail}; " if b.detail else "") + f"{_refs(n)} not in the run",
         "served": f"serves {_refs(n)}",
+        "measured": f"serves {_refs(n)}, latency {b.detail}",
     }.get(b.cause, b.stop.value)
 
 
@@ -98,9 +100,9 @@ def summary(v: Verdict) -> str:
     ev = v.evidence
     if v.flags and ev.peak_bytes is not None:
         lat = v.latency
-        vs = "" if lat is None else f", {lat.ratio:.2f}× " + (
+        vs = "" if lat is None else f", {fmt_ratio(lat.ratio)} " + (
             f"the baseline's recorded latency at {_refs(lat.references)}" if lat.reference.startswith("the baseline")
-            else f"the default's latency at {_refs(lat.references)}")
+            else f"the default's latency at {_refs(lat.references)}") + f" ({lat.measure})"
         head.append(f"{v.flags} serves {_refs(v.target_references)} at peak {fmt_bytes(ev.peak_bytes)}, "
                     f"{fmt_s(ev.wall_s)} s/request at {v.target_references}{vs}{_headroom(v) or ''}")
     unknown = [b for b in v.stops if b.stop == "unknown"] if v.world == "undecided" else []

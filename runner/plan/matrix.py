@@ -506,7 +506,7 @@ class Baseline(Table):
 class VerdictRules(Table):
     """[verdict]: how a card is judged."""
 
-    derived = ("latency_looks",)
+    derived = ("latency_looks", "latency_max_repeats")
     target_references: int = Field(0, json_schema_extra=_no_default,
                                    description="the reference count that matters (default: the largest)")
     max_latency_ratio: float = Field(2.5, gt=0, description="an offload flag set's latency over the reference "
@@ -520,6 +520,8 @@ class VerdictRules(Table):
     # How often a latency ratio may be looked at ([run] repeats = "auto": runner.plan.sequential.looks); 1: one
     # fixed set of sends, judged once by the percentile bootstrap.
     latency_looks: SkipJsonSchema[int] = 1
+    # [run] max_repeats under auto (0: an integer `repeats`): a ratio still open there is not "rerun with more".
+    latency_max_repeats: SkipJsonSchema[int] = 0
 
 
 NAMED = ("servers", "cards", "flags", "fixtures")
@@ -716,7 +718,8 @@ def _verdict(doc: MatrixFile, axes: Axes) -> VerdictRules:
         raise UserError(f"key 'verdict.target_references' must be one of the matrix's reference counts "
                         f"{list(axes.references)}, got {rules.target_references}")
     if doc.run.auto_repeats:
-        rules = rules.model_copy(update={"latency_looks": looks(doc.run.max_repeats)})
+        rules = rules.model_copy(update={"latency_looks": looks(doc.run.max_repeats),
+                                         "latency_max_repeats": doc.run.max_repeats})
     return rules
 
 

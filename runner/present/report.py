@@ -282,7 +282,9 @@ def _card_section(store: RunStore, v: Verdict, cards: dict[str, Any], sessions: 
     ssim = _ssim(card_steps)
     lines += ["", f"Capacity {fmt_bytes(capacity)}. Cells: highest request peak (device), median seconds per "
                   "request [min–max over every timed send: repeats × seeds], mean PSNR and SSIM vs the baseline "
-                  "(100 dB / 1.000: identical; \"baseline\": the baseline cell itself).", "",
+                  "(100 dB / 1.000: identical; \"baseline\": the baseline cell itself). A latency ratio names what it "
+                  "divides: geometric means (repeats = auto, the verdict's) or medians (profiles.json's, and a fixed "
+                  "`repeats`).", "",
               "| flag set | role | " + " | ".join(f"{n} ref" for n in refs) + " |",
               "|---|---|" + "---|" * len(refs)]
     for f in order:

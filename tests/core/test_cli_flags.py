@@ -155,10 +155,11 @@ def test_the_shipped_vocabularies_name_how_they_were_made() -> None:
 
 
 @pytest.fixture(scope="session")
-def wheel_030(pytestconfig: pytest.Config) -> Path:
+def wheel_030(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """vLLM-Omni 0.30.0's wheel, fetched once with pip (kept in pytest's cache); skips when the index does not
     answer (an offline machine is no failure of the runner)."""
-    folder = Path(pytestconfig.cache.mkdir("vllm-omni-0.30.0"))
+    cache = pytestconfig.cache  # None under -p no:cacheprovider: then a temporary folder of this session
+    folder = Path(cache.mkdir("vllm-omni-0.30.0")) if cache else tmp_path_factory.mktemp("vllm-omni-0.30.0")
     cached = sorted(folder.glob("vllm_omni-0.30.0-*.whl"))
     if cached:
         return cached[0]

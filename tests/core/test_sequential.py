@@ -38,15 +38,73 @@ def test_levels_and_looks() -> None:
     assert sequential.next_level(2, 8) == 4 and sequential.next_level(8, 8) is None
 
 
-def test_interval_needs_two_samples_a_side_and_widens_with_more_looks() -> None:
-    assert sequential.ratio_interval((2.0,), (1.0, 1.1), looks=7) is None
-    assert sequential.ratio_interval((2.0, 2.1), (1.0,), looks=7) is None
-    exact = sequential.ratio_interval((2.0, 2.2), (1.0,), looks=7, den_exact=True)
+def _one(*walls: float) -> dict[tuple[str, int], tuple[float, ...]]:
+    return {("f", i): (w,) for i, w in enumerate(walls)}
+
+
+def test_no_noise_no_interval_and_more_looks_widen_it() -> None:
+    noise = sequential.pooled_noise([(1.0, 1.1, 1.05)])
+    assert noise is not None and noise.dof == 2
+    assert sequential.ratio_interval(_one(2.0), _one(1.0), None, noise, looks=7) is None  # no spread measured
+    assert sequential.ratio_interval(_one(2.0), _one(1.0), noise, None, looks=7) is None
+    exact = sequential.ratio_interval(_one(2.0, 2.2), 1.0, noise, looks=7)  # one send a step: the pool's spread
     assert exact is not None and exact.low < 2.1 < exact.high
-    one = sequential.ratio_interval((2.0, 2.2, 2.1), (1.0, 1.1, 1.05), looks=1)
-    seven = sequential.ratio_interval((2.0, 2.2, 2.1), (1.0, 1.1, 1.05), looks=7)
+    one = sequential.ratio_interval(_one(2.0, 2.2, 2.1), _one(1.0, 1.1, 1.05), noise, noise, looks=1)
+    seven = sequential.ratio_interval(_one(2.0, 2.2, 2.1), _one(1.0, 1.1, 1.05), noise, noise, looks=7)
     assert one is not None and seven is not None and seven.low < one.low < one.high < seven.high
-    assert seven.confidence == pytest.approx(1 - sequential.ALPHA / 7)
+    assert seven.confidence == pytest.approx(1 - sequential.ALPHA / 7) and seven.paired
+
+
+def test_the_noise_is_pooled_over_the_session_each_workload_around_its_own_mean() -> None:
+    # Issue 31: three 2-reference sends that happen to agree, the same session's 4-reference sends spread
+    # ±60 %: the pool carries the session's real spread, so the agreeing cell does not look precise.
+    two, four = (0.73, 0.69, 0.73), (0.55, 0.63, 0.32)
+    pooled = sequential.pooled_noise([two, four])
+    alone = sequential.pooled_noise([two])
+    assert pooled is not None and alone is not None and pooled.dof == 4
+    assert pooled.sd > 3 * alone.sd
+    # a workload's own mean is removed: a 10× slower count adds no spread
+    assert sequential.pooled_noise([(1.0, 1.1), (10.0, 11.0)]).var == pytest.approx(  # type: ignore[union-attr]
+        sequential.pooled_noise([(1.0, 1.1)]).var)  # type: ignore[union-attr]
+    ref = {("f", s): (0.2,) for s in range(3)}
+    noise_ref = sequential.pooled_noise([(0.2, 0.21, 0.19)])
+    agreeing = sequential.ratio_interval(dict(zip(ref, ((w,) for w in two), strict=True)), ref, pooled, noise_ref,
+                                         looks=7)
+    assert agreeing is not None and agreeing.judge(2.5) == sequential.Judgement.OPEN  # main said "over 2.5"
+
+
+def test_pairing_by_seed_cancels_what_a_seed_does_to_both_sides() -> None:
+    # A seed that makes both sides 3× slower moves the unpaired mean when one side lacks a send of it
+    # (unequal weights); paired, each seed's own difference is taken and the ratio is exact.
+    noise = sequential.Noise(0.01**2, 20)
+    off = {("f", 1): (2.0,), ("f", 2): (6.0, 6.0, 6.0)}
+    ref = {("f", 1): (1.0,), ("f", 2): (3.0,)}
+    iv = sequential.ratio_interval(off, ref, noise, noise, looks=7)
+    assert iv is not None and iv.paired and iv.ratio == pytest.approx(2.0)
+    unpaired = sequential.ratio_interval(off, {("f", 1): (1.0,), ("f", 3): (3.0,)}, noise, noise, looks=7)
+    assert unpaired is not None and not unpaired.paired and unpaired.ratio != pytest.approx(2.0)
+
+
+def test_identical_wall_times_do_not_give_a_zero_width_interval_at_the_limit() -> None:
+    # Issue 30, A-3: 2.5 s against 1.0 s twice each, limit 2.5: main gave [2.50–2.50], "under", offload-works.
+    noise = sequential.pooled_noise([(2.5, 2.5)])
+    ref_noise = sequential.pooled_noise([(1.0, 1.0)])
+    assert noise is not None and noise.sd == sequential.NOISE_FLOOR
+    iv = sequential.ratio_interval({("f", 1): (2.5, 2.5)}, {("f", 1): (1.0, 1.0)}, noise, ref_noise, looks=7)
+    assert iv is not None and iv.low < 2.5 < iv.high
+    assert iv.judge(2.5) == sequential.Judgement.OPEN
+
+
+def test_an_800x_slower_send_gives_an_unbounded_interval_not_an_overflow() -> None:
+    # Issue 30, A-1: walls 0.0101 s and 8.0051 s in one step at max_repeats = 100: main's math.exp raised
+    # OverflowError (so did `runner report` and --resume).
+    noise = sequential.pooled_noise([(0.0101, 8.0051)])
+    ref_noise = sequential.pooled_noise([(0.0101, 0.0102)])
+    iv = sequential.ratio_interval({("f", 1): (0.0101, 8.0051)}, {("f", 1): (0.0101, 0.0102)}, noise, ref_noise,
+                                   looks=sequential.looks(100))
+    assert iv is not None and iv.judge(2.5) == sequential.Judgement.OPEN
+    assert iv.high == float("inf") or iv.high > 1000
+    assert sequential.exp(1e6) == float("inf") and sequential.exp(-1e6) == 0.0
 
 
 class Lane:

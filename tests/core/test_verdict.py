@@ -75,7 +75,7 @@ def test_offload_too_slow_is_not_built() -> None:
              step("default", "default", 2, Status.FAILED, kind=FailureClass.OOM),
              step("host", "offload", 1, wall=9.0), step("host", "offload", 2, wall=9.0)]
     v = decide("c", steps, [session("default", "default"), session("host", "offload")], RULES)
-    assert v.world == World.NOT_BUILT and "too slow: latency ratio 9.00 [9.00–9.00]" in v.reason
+    assert v.world == World.NOT_BUILT and "too slow: latency ratio 9.00× (medians) [9.00–9.00]" in v.reason
     assert v.to_json()["evidence"]["flag_sets"]["host"]["stop"] == "latency"  # its own reason, not quality
 
 

@@ -96,9 +96,9 @@ def test_verdict_line_says_the_reference_count_of_each_figure() -> None:
     v = Verdict("cpu-tight", World.OFFLOAD_WORKS, 4, "cond-host", "", evidence=ev, cells=(), notes=(), latency=lat)
     line = verdict_line(v)
     assert line == ("cpu-tight: offload-works (cond-host) — cond-host serves 4 refs at peak 7.36 MiB, "
-                    "0.84 s/request at 4, 1.34× the default's latency at 2 refs")
+                    "0.84 s/request at 4, 1.34× the default's latency at 2 refs (medians)")
     base = replace(lat, reference="the baseline's recorded wall time (0.5 s) at 4 reference(s)", references=4)
-    assert verdict_line(replace(v, latency=base)).endswith("1.34× the baseline's recorded latency at 4 refs")
+    assert verdict_line(replace(v, latency=base)).endswith("1.34× the baseline's recorded latency at 4 refs (medians)")
 
 
 def test_the_resume_command_is_the_program_as_invoked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

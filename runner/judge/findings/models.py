@@ -196,7 +196,8 @@ class ProfileEntry(Record):
     wall_s: float | None = Field(description="median over every timed send at this count")
     psnr_db: float | None = Field(description="mean PSNR against the baseline; None for the baseline cell")
     latency_ratio: float | None = Field(default=None, description="median over a default flag set's median "
-                                                                  "at the same count, where one served it")
+                                                                  "at the same count, where one served it (medians: "
+                                                                  "the verdict's own ratio may be of geometric means)")
 
 
 class CountProfile(Record):
