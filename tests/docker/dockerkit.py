@@ -18,7 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "docker" / "refserver" / "build.sh"
 IMAGE = os.environ.get("RUNNER_REFSERVER_IMAGE", "runner-refserver:dev")
 BASE_IMAGE = "runner-base:bookworm"
-RUN_PREFIX = "pytest-docker-"
+# This process's own (a pytest-xdist worker, or another checkout's suite on the same engine): the leftover
+# checks count only this session's containers.
+RUN_PREFIX = f"pytest-docker-{os.getpid()}-"
 BUILD_TIMEOUT_S = 900
 
 

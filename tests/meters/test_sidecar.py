@@ -93,7 +93,9 @@ def test_sidecar_meter_catches_spike_between_polls_and_outage() -> None:
 
 def test_cli_replay_over_http(tmp_path: Path) -> None:
     replay = tmp_path / "series.txt"
-    replay.write_text("# offset_s used reserved\n0 1000 615\n0.2 7000 615\n0.25 2000 615\n")
+    # The 50 ms step comes 1.5 s after the replay starts: the first /peak (which opens the window) must come
+    # before it, and on a loaded machine the CLI's first answer can take a good part of a second.
+    replay.write_text("# offset_s used reserved\n0 1000 615\n1.5 7000 615\n1.55 2000 615\n")
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.Popen([sys.executable, "-m", "runner", "meter", "--port", "0", "--hz", "400",
                              "--fake-replay", str(replay)], cwd=root, stdout=subprocess.PIPE,
@@ -102,8 +104,11 @@ def test_cli_replay_over_http(tmp_path: Path) -> None:
         line = proc.stdout.readline()
         assert "serving http://127.0.0.1:" in line, proc.stderr.read() if proc.poll() is not None else line
         url = line.split("serving ", 1)[1].split()[0]
-        httpx.get(url + "/peak")  # opens the default reader's window at ~0 s
-        time.sleep(0.5)
+        first = httpx.get(url + "/peak", timeout=5).json()  # opens the default reader's window
+        assert first["used_bytes"] in (None, 1000), f"the window opened after the step began: {first}"
+        deadline = time.monotonic() + 10  # the replay is past the step once /now reads its last value
+        while httpx.get(url + "/now", timeout=5).json()["used_bytes"] != 2000 and time.monotonic() < deadline:
+            time.sleep(0.05)
         peak = httpx.get(url + "/peak", timeout=5).json()
         assert peak["used_bytes"] == 7000 and peak["reserved_bytes"] == 615  # a 50 ms step, caught
         assert httpx.get(url + "/now", timeout=5).json()["used_bytes"] == 2000
