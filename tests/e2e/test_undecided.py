@@ -59,10 +59,11 @@ def test_broken_harness_cards_are_undecided_with_the_servers_own_error_lines(tmp
     assert v["world"] == "undecided" and missing in v["reason"]
     assert v["evidence"]["blocking"][0]["record"] == "broken-import/default"
     assert v["evidence"]["blocking"][0]["server_says"] == [missing]
-    assert f"| broken-import | **undecided** | – | cannot tell — default did not start (load_exit) " \
-           f"\\[broken-import/default\\]: {missing} |" in report  # Markdown-inert brackets; the section has the rest
-    assert f"cannot tell — default 'default': server did not start (load_exit: server exited with code 1 " \
-           f"before it was ready: {missing})" in report
+    md = missing.replace("_", "\\_")  # report.md's quoted text is Markdown-inert: brackets and underscores escaped
+    assert f"| broken-import | **undecided** | – | cannot tell — default did not start (load\\_exit) " \
+           f"\\[broken-import/default\\]: {md} |" in report  # the section has the rest
+    assert f"cannot tell — default 'default': server did not start (load\\_exit: server exited with code 1 " \
+           f"before it was ready: {md})" in report
     assert "broken-import: undecided — cannot tell" in proc.stdout and missing in proc.stdout
 
     v = verdicts["never-ready"]
