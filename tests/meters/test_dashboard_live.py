@@ -48,6 +48,7 @@ CARD = "cpu-roomy"
 # A Prometheus point at evaluation time t holds the newest scrape at or before t (scraped up to one interval
 # and some load-induced lateness earlier); the recorded series is compared over that stretch.
 BEFORE_S, AFTER_S = 2 * SCRAPE_S + 0.5, 0.5
+HOLD_S = 10.0  # seconds of 1 s scrapes kept during the hang before the panels are asked
 HANG_LINE = "fault hang@4: this request will never return"  # the reference server's warning, in server.log
 
 MATRIX = """
@@ -198,6 +199,9 @@ def live_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
         wait_for("a scrape of the runner's finished steps", lambda: any(
             float(r["value"][1]) == done for r in prom_query(run, "query", {"query": "sum(runner_steps_total)"})),
             15, run)
+        # The hang holds the run open: on a fast machine it comes seconds after the start, too soon for the
+        # panels' series to hold enough scrapes to compare. Let the hung request hold a few more.
+        time.sleep(max(0.0, HOLD_S - (time.time() - run.hung_at)))
         yield run
     finally:
         stop.set()
