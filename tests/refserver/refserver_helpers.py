@@ -111,8 +111,9 @@ def chat_body(prompt: str = "put the cat from picture 1 on the sofa from picture
     content: list[dict[str, Any]] = [{"type": "text", "text": prompt}]
     content += [{"type": "image_url", "image_url": {"url": png_uri(r)}} for r in refs]
     # a negative prompt, so true CFG runs (vLLM-Omni 0.30 skips it without one)
+    # and the stage metrics asked for, as today's vLLM-Omni (the refserver's default --api 0.32) wants
     params = {"num_inference_steps": STEPS, "seed": 2301, "height": 128, "width": 128, "negative_prompt": " ",
-              **extra}
+              "return_stage_metrics": True, **extra}
     params = {k: v for k, v in params.items() if v is not None}
     return {"model": "refserver", "messages": [{"role": "user", "content": content}], "extra_body": params}
 
@@ -131,8 +132,11 @@ def chat_pngs(resp: httpx.Response) -> list[bytes]:
 
 
 def peak_mb(resp: httpx.Response) -> float:
-    """The response's peak_memory_mb: in the image part (0.30 shape) or at the top level (2025-12 shape)."""
+    """The response's peak_memory_mb: in the asked-for metrics (0.32), in the image part (0.30 shape) or at the
+    top level (2025-12 shape)."""
     body = resp.json()
+    if isinstance(body.get("metrics"), dict) and "peak_memory_mb" in body["metrics"]:
+        return body["metrics"]["peak_memory_mb"]
     content = body["choices"][0]["message"]["content"]
     if isinstance(content, list) and "peak_memory_mb" in content[0]:
         return content[0]["peak_memory_mb"]
