@@ -23,7 +23,7 @@ from rich.console import Console
 
 from runner.backends.base import Attempt, ExitInfo, RunningServer, StartFailed
 from runner.backends.local import LocalServer
-from runner.core.records import FailureClass, Status, StepRecord
+from runner.core.records import SCHEMA_VERSION, FailureClass, Status, StepRecord
 from runner.judge.verdict import decide_all
 from runner.judge.verdict_text import summary
 from runner.plan.lanes import ServerPlan, make_plan
@@ -453,14 +453,14 @@ def test_plan_estimate_from_an_edited_run_is_a_line_not_a_traceback(finished_run
     assert "inf" not in proc.stdout.lower().replace("info", ""), proc.stdout[-2000:]
 
 
-@pytest.mark.parametrize("edit", ["version-4", "extra-key", "matrix-not-toml"])
+@pytest.mark.parametrize("edit", ["newer-version", "extra-key", "matrix-not-toml"])
 def test_report_checks_run_json_as_resume_does(finished_run: Path, tmp_path: Path, edit: str) -> None:
     # issue 30 R-4: report accepted what resume refuses; a bad matrix text named a temporary file
     run = tmp_path / "box" / "run"
     shutil.copytree(finished_run, run)
     doc = json.loads((run / "run.json").read_text())
-    if edit == "version-4":
-        doc["schema_version"] = 4
+    if edit == "newer-version":  # a run.json of a newer runner than this one
+        doc["schema_version"] = SCHEMA_VERSION + 1
     elif edit == "extra-key":
         doc["surprise"] = 1
     else:
