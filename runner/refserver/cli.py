@@ -10,14 +10,19 @@ import time
 
 from runner.refserver.config import (
     API_GENERATIONS,
+    ARCHS,
     CACHE_MODES,
     DEFAULT_API,
     DTYPES,
     PRESETS,
     QUANTIZATIONS,
+    QWEN_PRESETS,
     RELEASES,
+    Preset,
+    QwenPreset,
     ServerConfig,
     resolve_preset,
+    resolve_qwen_preset,
 )
 from runner.refserver.faults import FaultPlan, hold_host_memory
 
@@ -40,7 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--port", type=int, default=8000, help="port to bind after the model loads (default 8000)")
     ap.add_argument("--model", "--served-model-name", dest="model",
                     help="served model name echoed in responses (default: MODEL, else refserver)")
-    ap.add_argument("--preset", choices=sorted(PRESETS), help="model size preset (default tiny)")
+    ap.add_argument("--arch", choices=ARCHS, default="dit",
+                    help="the denoiser: dit (our two-stream DiT, default) or qwen-image (diffusers' "
+                         "QwenImageTransformer2DModel, random weights)")
+    ap.add_argument("--preset", choices=sorted(set(PRESETS) | set(QWEN_PRESETS)),
+                    help="model size preset (default tiny)")
     ap.add_argument("--dim", type=int, help="override the preset's hidden size")
     ap.add_argument("--layers", type=int, help="override the preset's number of blocks")
     ap.add_argument("--heads", type=int, help="override the preset's attention heads")
@@ -173,8 +182,16 @@ def quantization_of(args: argparse.Namespace) -> str:
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
-    preset_name = args.preset or (args.model_path if args.model_path in PRESETS else "tiny")
-    preset = resolve_preset(preset_name, args.dim, args.layers, args.ref_tokens, args.heads, args.max_refs)
+    known = QWEN_PRESETS if args.arch == "qwen-image" else PRESETS
+    preset_name = args.preset or (args.model_path if args.model_path in known else "tiny")
+    preset: Preset | QwenPreset
+    if args.arch == "qwen-image":
+        if given := [f for f, v in (("--dim", args.dim), ("--heads", args.heads), ("--ref-tokens", args.ref_tokens))
+                     if v is not None]:
+            raise ValueError(f"{', '.join(given)}: not with --arch qwen-image (its width is the real model's)")
+        preset = resolve_qwen_preset(preset_name, args.layers, args.max_refs)
+    else:
+        preset = resolve_preset(preset_name, args.dim, args.layers, args.ref_tokens, args.heads, args.max_refs)
     offload = offload_of(args)
     device = args.device
     if device != "cpu" and not device.startswith("cuda"):
@@ -187,7 +204,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     if args.vram_gib is not None and args.vram_gib <= 0:
         raise ValueError("--vram-gib must be > 0")
     oom_reply = args.oom_reply or ("detailed" if args.api in RELEASES else "mangled")
-    return ServerConfig(preset=preset, device=device, dtype=dtype, quantization=quantization_of(args),
+    return ServerConfig(preset=preset, arch=args.arch, device=device, dtype=dtype, quantization=quantization_of(args),
                         offload=offload, cond_cache=args.cond_cache, vram_gib=args.vram_gib,
                         threads=args.threads, host=args.host, port=args.port,
                         model_name=args.model or args.model_path or "refserver",
@@ -229,13 +246,14 @@ def main(argv: list[str] | None = None) -> int:
     from runner.refserver.app import create_app
     from runner.refserver.engine import Engine, configure_torch
     from runner.refserver.memory import as_raised_by_allocator, is_oom
+    from runner.refserver.qwen_image.engine import QwenEngine
 
     configure_torch(config)  # sets allocator/cuBLAS environment, so before anything touches CUDA
     if config.device.startswith("cuda") and not torch.cuda.is_available():
         log.error("--device %s requested but CUDA is not available", config.device)
         return EXIT_USAGE
     try:
-        engine = Engine(config)
+        engine = QwenEngine(config) if config.arch == "qwen-image" else Engine(config)
         engine.warm_up()  # CUDA only: lazily loaded kernels join the context before the cap is fitted
     except Exception as exc:
         if not is_oom(exc):

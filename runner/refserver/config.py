@@ -14,6 +14,7 @@ OFFLOADS = ("none", "module", "layerwise")
 # Which vLLM-Omni generation's HTTP behaviour to imitate: "0.32" (today's source, default: stage metrics only
 # when asked, 0.0 when not measured), "0.30" (the 0.30.0 release) or "2025-12" (the Dec-2025 GitHub snapshot
 # the seed's fork grew from). docs/refserver.md and docs/vllm-omni.md list the differences.
+ARCHS = ("dit", "qwen-image")
 API_GENERATIONS = ("0.32", "0.30", "2025-12")
 RELEASES = ("0.32", "0.30")  # the generations that share the 0.30 release's request handling
 DEFAULT_API = "0.32"
@@ -80,8 +81,85 @@ PRESETS: dict[str, Preset] = {
 
 
 @dataclass(frozen=True)
+class QwenPreset:
+    """The transformer's config (diffusers' names) and the image geometry it serves."""
+
+    name: str
+    layers: int
+    heads: int
+    head_dim: int
+    joint_dim: int  # the text encoder's width (joint_attention_dim)
+    rope_axes: tuple[int, int, int]  # frame, height, width; they sum to head_dim
+    ref_grid: int  # a reference is resized to ref_grid x ref_grid tokens (ref_grid * 16 pixels a side)
+    vocab: int = 4096
+    max_text_tokens: int = 64
+    default_side: int = 128
+    max_pixels: int = 512 * 512
+    max_side: int = 2048
+    ref_limit: int = 4  # references served per request (0.30: Qwen-Image-Edit-Plus's limit); --max-refs
+    max_refs: int = 16
+
+    @property
+    def dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def ref_tokens(self) -> int:
+        return self.ref_grid**2
+
+    @property
+    def px_per_token(self) -> int:
+        return 16  # the VAE's 8x and the 2 x 2 packing
+
+    def config(self) -> dict[str, object]:
+        return {"num_layers": self.layers, "attention_head_dim": self.head_dim,
+                "num_attention_heads": self.heads, "joint_attention_dim": self.joint_dim,
+                "in_channels": 64, "out_channels": 16,  # 16 latent channels, packed 2 x 2
+                "axes_dims_rope": self.rope_axes}
+
+    def validate(self) -> None:
+        if sum(self.rope_axes) != self.head_dim or any(a % 2 for a in self.rope_axes):
+            raise ValueError(f"rope axes {self.rope_axes} must be even and sum to the head dim {self.head_dim}")
+        if not 1 <= self.ref_limit <= self.max_refs:
+            raise ValueError(f"--max-refs must be between 1 and {self.max_refs} (got {self.ref_limit})")
+        if self.layers < 1:
+            raise ValueError(f"--layers must be >= 1 (got {self.layers})")
+
+
+# Full width is the real model's: 24 heads x 128, joint_attention_dim 3584 (Qwen-Image has 60 layers, 20.4 B
+# parameters). A 1024² reference is 64 x 64 tokens. The GPU presets' layer counts are set so the resident set
+# tells the emulated card's story (docs/refserver.md has the arithmetic and the H200 measurements).
+QWEN_PRESETS: dict[str, QwenPreset] = {
+    # CPU: 4 layers, 4 heads x 32, 2.6 M parameters (10.5 MiB in float32 with RoPE's tables); a reference is
+    # 8 x 8 tokens, so weights outweigh a reference's activations, as at full width.
+    "tiny": QwenPreset(name="tiny", layers=4, heads=4, head_dim=32, joint_dim=64, rope_axes=(8, 12, 12),
+                       ref_grid=8),
+    # H200 capped at 24 GiB (an RTX 3090 stand-in): 34 layers, 11.59 B parameters, 21.60 GiB in bf16.
+    "h200-24g": QwenPreset(name="h200-24g", layers=34, heads=24, head_dim=128, joint_dim=3584,
+                           rope_axes=(16, 56, 56), ref_grid=64, vocab=8192, max_text_tokens=512,
+                           default_side=1024, max_pixels=2048 * 2048),
+    # H200 capped at 16 GiB (an RTX 5080 stand-in): the same 34 layers, which do not fit: built on the device
+    # in bf16 they fail at load, as the seed's 5080 did under every flag set.
+    "h200-16g": QwenPreset(name="h200-16g", layers=34, heads=24, head_dim=128, joint_dim=3584,
+                           rope_axes=(16, 56, 56), ref_grid=64, vocab=8192, max_text_tokens=512,
+                           default_side=1024, max_pixels=2048 * 2048),
+}
+
+
+def resolve_qwen_preset(name: str, layers: int | None, ref_limit: int | None) -> QwenPreset:
+    if name not in QWEN_PRESETS:
+        raise ValueError(f"unknown preset {name!r} for --arch qwen-image; choose from {', '.join(QWEN_PRESETS)}")
+    preset = QWEN_PRESETS[name]
+    overrides = {k: v for k, v in (("layers", layers), ("ref_limit", ref_limit)) if v is not None}
+    preset = replace(preset, **overrides) if overrides else preset
+    preset.validate()
+    return preset
+
+
+@dataclass(frozen=True)
 class ServerConfig:
-    preset: Preset
+    preset: Preset | QwenPreset
+    arch: str = "dit"  # dit (our two-stream DiT) | qwen-image (diffusers' QwenImageTransformer2DModel)
     device: str = "cpu"
     dtype: str = "float32"
     quantization: str = "none"

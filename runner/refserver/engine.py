@@ -519,7 +519,9 @@ def configure_torch(config: ServerConfig) -> None:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         # Without it the caching allocator's fragmentation (GiBs reserved but unallocated under a cap)
         # decides the fit instead of the model; the seed found the same. Set the variable to override.
-        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+        # The Qwen-Image model keeps PyTorch's default: its fragmentation is part of the real model's story.
+        if config.arch == "dit":
+            os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     torch.set_num_threads(config.threads if config.threads else (1 if config.device == "cpu" else 4))
     torch.use_deterministic_algorithms(True, warn_only=True)
 

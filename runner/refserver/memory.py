@@ -45,7 +45,7 @@ class AccountedOutOfMemory(RuntimeError):
 # (the raise happens inside the C++ op the model line called). `as_raised_by_allocator` cuts the ledger's
 # own frames (this file, and contextlib's around `hold`) from the end of an OOM's traceback, so it ends at
 # the model line that asked for the memory, as a CUDA OOM's does. Every frame left is a real one.
-_LEDGER_FILES = (__file__, contextlib.__file__)
+_LEDGER_FILES = (__file__, contextlib.__file__, __file__.replace("memory.py", "qwen_image/ledger.py"))
 _LEDGER_SKIP = (*_LEDGER_FILES, __file__.replace("memory.py", "profiler.py"))  # a snapshot's frames, as above
 
 
@@ -144,7 +144,7 @@ class DeviceMemory:
 class AccountedMemory(DeviceMemory):
     def __init__(self, capacity: int | None) -> None:
         self.capacity = capacity
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a storage's finalizer may free while an alloc holds it
         self._live: dict[int, int] = {}
         self._ids = itertools.count(1)
         self._current = 0

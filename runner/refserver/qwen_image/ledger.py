@@ -1,0 +1,60 @@
+"""Accounted device memory on the CPU, counted from the model's own tensors.
+
+A TorchDispatchMode sees every op's outputs. A storage first seen as the output of an op that did not take it
+as an input is a new allocation of its size; it is freed when PyTorch frees the storage (a weak reference on
+the storage object, which PyTorch keeps one-to-one with its storage). Each event goes to AccountedMemory
+(budget, peaks, the snapshot history), so past the budget the op that asked raises the allocator's text and its
+traceback ends in the library line that called the op, as a CUDA OOM's does. No model code announces anything.
+
+Host memory is what is made while the ledger is paused (`host()`): the host conditioning cache, offloaded
+weights.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_leaves
+
+from runner.refserver.memory import AccountedMemory
+
+
+class TensorLedger(TorchDispatchMode):
+    def __init__(self, mem: AccountedMemory) -> None:
+        super().__init__()
+        self.mem = mem
+        self.handles: dict[int, int] = {}  # id(storage) -> the ledger's handle, while the storage lives
+
+    def _freed(self, key: int) -> None:
+        handle = self.handles.pop(key, None)
+        if handle is not None:
+            self.mem.free(handle)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        inputs: set[int] | None = None
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+                continue
+            storage = t.untyped_storage()
+            key = id(storage)
+            if key in self.handles:
+                continue
+            if inputs is None:
+                inputs = {id(a.untyped_storage()) for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)}
+            if key in inputs:  # a view or an in-place result of something made before the ledger looked
+                continue
+            self.handles[key] = self.mem.alloc(storage.nbytes(), func.__name__)  # past the budget: raises
+            weakref.finalize(storage, self._freed, key)
+        return out
+
+    @contextmanager
+    def host(self) -> Iterator[None]:
+        """What is made inside lives in host memory: not counted."""
+        with _disable_current_modes():
+            yield
