@@ -81,8 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--oom-reply", choices=("detailed", "mangled"),
                     help="a request OOM's 500: detailed carries the OOM text (0.30), mangled hides it in the "
                          "log (2025-12); default follows --api")
-    ap.add_argument("--cond-cache", default="device", choices=CACHE_MODES,
-                    help="where the per-request conditioning K/V lives (default device)")
+    ap.add_argument("--cond-cache", choices=CACHE_MODES,
+                    help="where the per-request conditioning K/V lives (default: device for --arch dit; off for "
+                         "qwen-image, whose forward is diffusers' joint attention unchanged)")
     ap.add_argument("--pinned-pool", action=argparse.BooleanOptionalAction, default=True,
                     help="host cond cache: reuse one pinned buffer across requests (default on)")
     ap.add_argument("--vram-gib", type=float,
@@ -205,7 +206,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         raise ValueError("--vram-gib must be > 0")
     oom_reply = args.oom_reply or ("detailed" if args.api in RELEASES else "mangled")
     return ServerConfig(preset=preset, arch=args.arch, device=device, dtype=dtype, quantization=quantization_of(args),
-                        offload=offload, cond_cache=args.cond_cache, vram_gib=args.vram_gib,
+                        offload=offload, cond_cache=args.cond_cache or ("off" if args.arch == "qwen-image" else "device"), vram_gib=args.vram_gib,
                         threads=args.threads, host=args.host, port=args.port,
                         model_name=args.model or args.model_path or "refserver",
                         seed_weights=args.seed_weights, log_level=args.log_level,
