@@ -22,7 +22,7 @@ WHEELS=.whl/h200
 PKGS=(fastapi starlette pydantic pydantic-core annotated-types typing-inspection typing-extensions uvicorn h11
       click python-multipart opentelemetry-api importlib-metadata zipp docker requests urllib3 jsonschema
       jsonschema-specifications referencing rpds-py attrs
-      diffusers huggingface-hub safetensors regex filelock fsspec hf-xet httpx2 packaging pyyaml tqdm)  # --arch qwen-image
+      diffusers safetensors regex filelock)  # --arch qwen-image (the device's own huggingface_hub, kept for its transformers)
 
 prep() {
     local py=${PY:-}

@@ -4,6 +4,7 @@
 #
 #   bash benchmarks/h200_fidelity.sh prep     # HERE, once: the cp312 wheels the device lacks -> .whl/h200/
 #   bash benchmarks/h200_qwen.sh sweep        # ON THE DEVICE (carry .whl): per-reference peaks and OOMs, in process
+#   bash benchmarks/h200_qwen.sh capsweep     # ON THE DEVICE: the same under an allocator-only cap
 #   bash benchmarks/h200_qwen.sh seed         # ON THE DEVICE: examples/seed-emulated-h200.toml through the runner
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +21,14 @@ sweep() {
     python3 "$py" h200-24g 24 --refs 1-4 -- --quantization fp8 >>"$s" 2>>"$OUT/sweep.err"
     python3 "$py" h200-24g 24 --refs 1-5 --side 512 --steps 4 >>"$s" 2>>"$OUT/sweep.err"
     tail -5 "$OUT/sweep.err"
+    cat "$s"
+}
+
+capsweep() {  # the cap on PyTorch's allocator alone (the shared data's set_per_process_memory_fraction)
+    local s="$OUT/capsweep.jsonl" py=benchmarks/qwen_image_sweep.py
+    python3 "$py" h200-24g 24 --refs 3-7 -- --cap-scope allocator >>"$s" 2>>"$OUT/sweep.err"
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 "$py" h200-24g 24 --refs 3-7 -- --cap-scope allocator \
+        >>"$s" 2>>"$OUT/sweep.err"
     cat "$s"
 }
 
@@ -40,6 +49,7 @@ seed() {
 setup
 case "${1:-sweep}" in
     sweep) sweep ;;
+    capsweep) capsweep ;;
     seed) seed "${BUDGET:-540}" ;;
     *) echo "usage: $0 sweep|seed" >&2; exit 2 ;;
 esac
