@@ -1,5 +1,7 @@
 """Matrix → Plan: lanes (run concurrently) → sessions (one server start per card × flag set) → steps
-(reference count ascending × fixture × seed, one request at a time). Pure.
+(reference count ascending × fixture × seed, one request at a time). Pure. Under `repeats = "auto"` a flag set
+that decides no card's world sends only the first seed at the counts other than the target
+(first_seed_off_target).
 
 A lane is one physical device: cards that name the same GPU on the same host (e.g. two capacities emulated
 on one H200) share a lane and run one after another, so a whole-device meter never sees the other card's
@@ -155,8 +157,35 @@ def request_shape(matrix: Matrix, card: Card) -> RequestShape:
                         size=run.size, true_cfg_scale=run.true_cfg_scale, negative_prompt=run.negative_prompt)
 
 
+def world_roles(matrix: Matrix) -> frozenset[str]:
+    """The roles a card's world is decided by (runner.judge.verdict): `default` and `[verdict] offload_roles`."""
+    return frozenset({"default", *matrix.verdict.offload_roles})
+
+
+def first_seed_off_target(matrix: Matrix, card: str, flags: str) -> bool:
+    """Under `repeats = "auto"`, whether this session sends only the first seed at the reference counts other
+    than the target (every seed at the target): its flag set decides no world — its role is neither `default`
+    nor an offload role, so it is in no latency ratio and no rule reads it — and it is not the baseline cell
+    (whose images the others are scored against, seed by seed). What its other counts show, memory per
+    reference and whether the output is broken, one seed shows: memory at a fixed size and count does not
+    depend on the seed — the premise of `oom_implies_seeds`, so not with that set false."""
+    run = matrix.run
+    cell = matrix.baseline.cell if matrix.baseline else None
+    return (run.auto_repeats and run.oom_implies_seeds and len(run.seeds) > 1
+            and matrix.flags[flags].role not in world_roles(matrix)
+            and not (cell is not None and cell[1] == flags and cell[0] in (card, None)))
+
+
+def seeds_at(matrix: Matrix, card: str, flags: str, references: int) -> tuple[int, ...]:
+    """The seeds a session sends at a reference count (first_seed_off_target)."""
+    seeds = matrix.run.seeds
+    if references != matrix.verdict.target_references and first_seed_off_target(matrix, card, flags):
+        return seeds[:1]
+    return seeds
+
+
 def make_plan(matrix: Matrix) -> Plan:
-    axes, seeds = matrix.axes, matrix.run.seeds
+    axes = matrix.axes
     by_device: dict[str, list[Session]] = {}
     cards_of: dict[str, list[str]] = {}
     for card in axes.cards:
@@ -167,8 +196,8 @@ def make_plan(matrix: Matrix) -> Plan:
             flag_names.sort(key=lambda f: f != cell[1])
         c = matrix.cards[card]
         sessions = tuple(
-            Session(card, flags, tuple(Step(card, flags, fx, n, seed)
-                                       for n in axes.references for fx in axes.fixtures for seed in seeds),
+            Session(card, flags, tuple(Step(card, flags, fx, n, seed) for n in axes.references for fx in axes.fixtures
+                                       for seed in seeds_at(matrix, card, flags, n)),
                     server_plan(matrix, c, matrix.flags[flags]), request_shape(matrix, c))
             for flags in flag_names
         )
@@ -220,6 +249,10 @@ def describe(plan: Plan, matrix: Matrix) -> str:
             refs = sorted({st.references for st in s.steps})
             lines.append(f"    {len(s.steps)} step(s) × {sends_text(run)}: references {refs} × fixtures "
                          f"{list(matrix.axes.fixtures)} × seeds {list(run.seeds)}")
+            if first_seed_off_target(matrix, s.card, s.flags):
+                lines.append(f"      (role '{fs.role}' decides no world: every seed at "
+                             f"{matrix.verdict.target_references} reference(s), seed {run.seeds[0]} only at the "
+                             f"other counts)")
             if s.request is not None:
                 rq = s.request
                 lines.append(f"    request: {rq.dialect}, model {rq.model!r}, {rq.steps} steps, size {size}"

@@ -27,7 +27,9 @@ def test_local_example_shows_all_three_worlds(local_example: ExampleRun) -> None
     plots = {p.name for p in (run_dir / "plots").glob("*.png")}
     assert {"cpu-roomy-capacity.png", "cpu-tight--default-memory.png"} <= plots and len(plots) >= 15
     steps = [json.loads(p.read_text()) for p in run_dir.glob("*/*/refs-*/*.json")]
-    assert len(steps) == 120
+    # 3 cards × 5 flag sets × 4 counts × 2 seeds, but int8 and fp8-collapse (quantization: decide no world) send
+    # their second seed at the target only under repeats = "auto" (runner.plan.lanes.first_seed_off_target)
+    assert len(steps) == 120 - 3 * 2 * 3
     for s in steps:
         png = run_dir / f"{s['key']}.png"
         assert png.is_file() == (s["status"] == "ok"), s["key"]
