@@ -21,6 +21,7 @@ from runner.core.records import Failure, FailureClass
 from runner.core.secrets import resolved_values
 from runner.observe import bounded, quote
 from runner.observe.failures import classify_start
+from runner.observe.traceback import SERVER_PACKAGES
 from runner.plan.lanes import RUNTIME_PORT, ServerPlan
 
 PROBE_S = 5.0  # one readiness probe's total deadline (within ready_timeout_s)
@@ -167,6 +168,11 @@ class RunningServer(ABC):
     def log_tail(self, size: int = 16_384) -> str:
         return self.read_log(max(0, self.log_size() - size))
 
+    @property
+    def own_packages(self) -> tuple[str, ...]:
+        """The packages an OOM's site may be in: the servers' own, and the model's this profile names."""
+        return (*SERVER_PACKAGES, *self.plan.profile.model_packages)
+
     def wait_ready(self, deadline_s: float, poll_s: float = 0.25, stop: threading.Event | None = None) -> float:
         """Seconds until ready; raises StartFailed (after stopping the server) when it never is, and
         StartInterrupted (after stopping it) as soon as `stop` is set."""
@@ -181,7 +187,8 @@ class RunningServer(ABC):
                 if gone is not None:
                     self.stop()
                     raise StartFailed(classify_start(exit_code=gone.code, oom_killed=gone.oom_killed,
-                                                     timed_out=False, log_tail=self.log_tail()))
+                                                     timed_out=False, log_tail=self.log_tail(),
+                                                     own=self.own_packages))
                 # Who listens is checked before every probe, so not even the probe reaches a foreign server.
                 foreign = self.foreign_answer()
                 if foreign is not None:
@@ -199,7 +206,7 @@ class RunningServer(ABC):
                 if time.monotonic() - t0 > deadline_s:
                     self.stop()
                     raise StartFailed(classify_start(exit_code=None, oom_killed=False, timed_out=True,
-                                                     log_tail=self.log_tail()))
+                                                     log_tail=self.log_tail(), own=self.own_packages))
                 time.sleep(poll_s)
 
 

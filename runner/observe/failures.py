@@ -14,6 +14,7 @@ import re
 from runner.core.records import Failure, FailureClass, OomReport
 from runner.observe.oom import read_oom
 from runner.observe.scheduler import cluster_end
+from runner.observe.traceback import SERVER_PACKAGES
 
 # slurmstepd's end-of-step cause → the failure class (the scheduler ended it; it says nothing about memory)
 CLUSTER_CLASS = {"cancelled": FailureClass.CANCELLED, "preempted": FailureClass.PREEMPTED,
@@ -76,7 +77,8 @@ OUTSIDE_STOP = {143: "SIGTERM", -15: "SIGTERM", 129: "SIGHUP", -1: "SIGHUP", 130
 
 
 def classify_request(*, http_status: int | None, body: str, log_window: str, timed_out: bool,
-                     server_exit: int | None, parse_problem: str | None, oom_killed: bool = False) -> Failure | None:
+                     server_exit: int | None, parse_problem: str | None, oom_killed: bool = False,
+                     own: tuple[str, ...] = SERVER_PACKAGES) -> Failure | None:
     """A request's outcome → a Failure, or None when an image came back."""
     body_oom, log_oom = oom_lines(body), oom_lines(log_window)
     if oom_killed:  # the engine says so (docker's State.OOMKilled): an OOM, of host memory, not a crash
@@ -97,7 +99,7 @@ def classify_request(*, http_status: int | None, body: str, log_window: str, tim
         if log_oom:
             return Failure(kind=FailureClass.OOM, message=f"server exited with code {server_exit} during the request",
                            evidence=log_oom, http_status=http_status, exit_code=server_exit,
-                           oom=read_oom(body=body, log=log_window))
+                           oom=read_oom(body=body, log=log_window, own=own))
         return Failure(kind=FailureClass.CRASH,
                        message=_with_cause(f"server exited with code {server_exit} during the request", log_window),
                        evidence=_evidence(log_window), http_status=http_status, exit_code=server_exit)
@@ -112,7 +114,7 @@ def classify_request(*, http_status: int | None, body: str, log_window: str, tim
             where = "response body" if body_oom else "server log during the request"
             return Failure(kind=FailureClass.OOM, message=f"HTTP {http_status}; out-of-memory text in the {where}",
                            evidence=body_oom or log_oom, http_status=http_status,
-                           oom=read_oom(body=body, log=log_window))
+                           oom=read_oom(body=body, log=log_window, own=own))
         return Failure(kind=FailureClass.HTTP_ERROR, message=f"HTTP {http_status}: {body[:300]}",
                        evidence=_evidence(log_window),
                        http_status=http_status)
@@ -147,7 +149,8 @@ def references_dropped(*, log_window: str, sent: int, http_status: int | None) -
                    "references (the rest were dropped)", evidence=evidence[:4], http_status=http_status)
 
 
-def classify_start(*, exit_code: int | None, oom_killed: bool, timed_out: bool, log_tail: str) -> Failure:
+def classify_start(*, exit_code: int | None, oom_killed: bool, timed_out: bool, log_tail: str,
+                   own: tuple[str, ...] = SERVER_PACKAGES) -> Failure:
     """A server that never became ready → why."""
     ooms = oom_lines(log_tail)
     ended = _ended_by_scheduler(log_tail, "before it was ready")
@@ -159,7 +162,7 @@ def classify_start(*, exit_code: int | None, oom_killed: bool, timed_out: bool, 
                            exit_code=exit_code, oom=KILLED)
         return Failure(kind=FailureClass.OOM_AT_LOAD, message="out of memory at load", evidence=ooms, http_status=None,
                        exit_code=exit_code,
-                       oom=read_oom(log=log_tail))
+                       oom=read_oom(log=log_tail, own=own))
     if timed_out:
         return Failure(kind=FailureClass.READY_TIMEOUT, message=_with_cause("not ready before the deadline", log_tail),
                        evidence=_evidence(log_tail), http_status=None, exit_code=exit_code)

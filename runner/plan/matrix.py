@@ -336,6 +336,9 @@ class ServerProfile(Table):
                       description="the port the server listens on; 0 (the default without image): a free port "
                                   "picked at each start; 8000 with an image")
     health_path: str = Field("/health", pattern="^/", description="readiness: GET returns 200")
+    model_packages: Seq[str] = Field((), description="Python packages whose frames are the served model's own "
+                                                     "code (e.g. [\"diffusers\"] when the model's forward is "
+                                                     "diffusers'): an OOM's site may be one of their lines")
     dialect: DialectName = Field("vllm-omni-chat", description="the request API")
     model: str = Field("", json_schema_extra=_no_default,
                        description="the `model` field sent (default: the profile's name)")

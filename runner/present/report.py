@@ -172,16 +172,37 @@ def _group_line(names: list[str], pairs: list[IdenticalPair]) -> str:
            f"({shared} shared steps per pair), {memory}"
 
 
-def _is_refserver(run: dict[str, Any], sessions: Sequence[SessionRecord]) -> bool:
-    """The target is our reference server when a server command or image names it, or a start ran it."""
+def _refserver_arch(run: dict[str, Any], sessions: Sequence[SessionRecord]) -> str | None:
+    """Which denoiser our reference server ran ("dit" or "qwen-image"), when a server command or image names
+    the reference server or a start ran it; None when the target is another server."""
     try:
         servers = tomllib.loads(run["matrix"]["text"]).get("servers", {})
     except (KeyError, tomllib.TOMLDecodeError):
         servers = {}
-    named = any("refserver" in " ".join(map(str, s.get("command", []))) + str(s.get("image") or "")
-                for s in servers.values() if isinstance(s, dict))
-    ran = any("runner.refserver" in " ".join(map(str, st.info.get("argv", []))) for s in sessions for st in s.starts)
-    return named or ran
+    commands = [[str(a) for a in s.get("command", [])] + [str(s.get("image") or "")]
+                for s in servers.values() if isinstance(s, dict)]
+    commands = [c for c in commands if "refserver" in " ".join(c)]
+    commands += [[str(a) for a in st.info.get("argv", [])] for s in sessions for st in s.starts
+                 if "runner.refserver" in " ".join(map(str, st.info.get("argv", [])))]
+    if not commands:
+        return None
+    qwen = any(c[i:i + 2] == ["--arch", "qwen-image"] or a == "--arch=qwen-image"
+               for c in commands for i, a in enumerate(c))
+    return "qwen-image" if qwen else "dit"
+
+
+REFSERVER_BANNERS = {
+    "dit": "> **Target: the reference server** (`runner refserver`), a small stand-in diffusion transformer, "
+           "not vLLM-Omni or Qwen-Image. Its messages imitate vLLM-Omni's (\"CUDA out of memory … GPU 0\") "
+           "even on a CPU, where the \"GPU\" is the accounted budget set by `--vram-gib`; its figures test "
+           "the runner and say nothing about a real model's memory or speed.",
+    "qwen-image": "> **Target: the reference server** (`runner refserver --arch qwen-image`): the real Qwen-Image "
+                  "transformer architecture (diffusers' `QwenImageTransformer2DModel`) with random weights, "
+                  "behind vLLM-Omni's API — not vLLM-Omni, and not the trained model. No text encoder and no "
+                  "trained VAE (fixed random stand-ins in host memory), so the images mean nothing and PSNR is "
+                  "against the baseline run of the same weights; memory and OOM sites are the architecture's. On "
+                  "a CPU the \"GPU\" is the budget set by `--vram-gib`, counted from the model's own tensors.",
+}
 
 
 def _step_counts(steps: Sequence[StepRecord]) -> str:
@@ -211,11 +232,8 @@ def write_report(store: RunStore, verdicts: list[Verdict], cost: Sequence[str] =
              f"{run['runner']['version']}, started {run.get('started_at_iso', '?')}, "
              f"finished {run.get('finished_at_iso', 'not finished')}"
              f"{' (interrupted)' if run.get('interrupted') else ''}. {_step_counts(steps)}", ""]
-    if _is_refserver(run, sessions):
-        lines += ["> **Target: the reference server** (`runner refserver`), a small stand-in diffusion transformer, "
-                  "not vLLM-Omni or Qwen-Image. Its messages imitate vLLM-Omni's (\"CUDA out of memory … GPU 0\") "
-                  "even on a CPU, where the \"GPU\" is the accounted budget set by `--vram-gib`; its figures test "
-                  "the runner and say nothing about a real model's memory or speed.", ""]
+    if (arch := _refserver_arch(run, sessions)) is not None:
+        lines += [REFSERVER_BANNERS[arch], ""]
     lines += ["| card | verdict | deciding flag set | why (each card's section has the evidence) |",
               "|---|---|---|---|"]
     for v in verdicts:  # the same words as the console line (verdict_text.summary)

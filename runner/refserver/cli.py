@@ -204,9 +204,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         ProfilerConfig.parse(args.profiler_config)  # a bad config is a usage error, before the load
     if args.vram_gib is not None and args.vram_gib <= 0:
         raise ValueError("--vram-gib must be > 0")
+    cond_cache = args.cond_cache or ("off" if args.arch == "qwen-image" else "device")  # qwen: diffusers' forward
     oom_reply = args.oom_reply or ("detailed" if args.api in RELEASES else "mangled")
     return ServerConfig(preset=preset, arch=args.arch, device=device, dtype=dtype, quantization=quantization_of(args),
-                        offload=offload, cond_cache=args.cond_cache or ("off" if args.arch == "qwen-image" else "device"), vram_gib=args.vram_gib,
+                        offload=offload, cond_cache=cond_cache, vram_gib=args.vram_gib,
                         threads=args.threads, host=args.host, port=args.port,
                         model_name=args.model or args.model_path or "refserver",
                         seed_weights=args.seed_weights, log_level=args.log_level,

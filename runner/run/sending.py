@@ -82,7 +82,7 @@ class Sender:
             failure = classify_request(http_status=sent.status, body=server.quote(sent.content[:4000]),
                                        log_window=sent.log_window, timed_out=sent.timed_out,
                                        server_exit=sent.exit_code, parse_problem=problem,
-                                       oom_killed=sent.oom_killed) or references_dropped(
+                                       oom_killed=sent.oom_killed, own=server.own_packages) or references_dropped(
                 log_window=sent.log_window, sent=references, http_status=sent.status)
         if failure is None and image_bytes is None:
             failure = Failure(kind=FailureClass.BAD_RESPONSE, message=problem or "no image", evidence=())
