@@ -24,7 +24,7 @@ from PIL import Image
 
 from runner.refserver import protocol
 from runner.refserver.config import RELEASES, ServerConfig
-from runner.refserver.engine import Engine, GenerationRequest, GenerationResult, png_bytes
+from runner.refserver.engine import AnyEngine, GenerationRequest, GenerationResult, png_bytes
 from runner.refserver.faults import hold_host_memory
 from runner.refserver.memory import as_raised_by_allocator, is_oom
 from runner.refserver.metrics import Metrics
@@ -57,7 +57,7 @@ def _flush_logs() -> None:
 class Service:
     """Executes generation requests strictly one at a time and applies the fault plan."""
 
-    def __init__(self, engine: Engine, config: ServerConfig, metrics: Metrics) -> None:
+    def __init__(self, engine: AnyEngine, config: ServerConfig, metrics: Metrics) -> None:
         self.engine, self.config, self.metrics = engine, config, metrics
         self.lock = threading.Lock()
         self.counter = itertools.count(1)
@@ -184,7 +184,7 @@ def apply_image_faults(img: Image.Image, req: GenerationRequest, faults: frozens
     return img
 
 
-def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
+def create_app(engine: AnyEngine, config: ServerConfig) -> FastAPI:
     metrics = Metrics(engine, config)
     service = Service(engine, config, metrics)
 

@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from runner.refserver.app import create_app
-    from runner.refserver.engine import Engine, configure_torch
+    from runner.refserver.engine import AnyEngine, Engine, configure_torch
     from runner.refserver.memory import as_raised_by_allocator, is_oom
     from runner.refserver.qwen_image.engine import QwenEngine
 
@@ -255,7 +255,12 @@ def main(argv: list[str] | None = None) -> int:
         log.error("--device %s requested but CUDA is not available", config.device)
         return EXIT_USAGE
     try:
-        engine = QwenEngine(config) if config.arch == "qwen-image" else Engine(config)
+        if config.arch == "qwen-image":  # diffusers is imported only for this arch
+            from runner.refserver.qwen_image.engine import QwenEngine
+
+            engine: AnyEngine = QwenEngine(config)
+        else:
+            engine = Engine(config)
         engine.warm_up()  # CUDA only: lazily loaded kernels join the context before the cap is fitted
     except Exception as exc:
         if not is_oom(exc):

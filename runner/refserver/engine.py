@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeAlias
 
 import torch
 from PIL import Image
@@ -26,6 +27,9 @@ from runner.refserver.model import (
     tokenize,
 )
 from runner.refserver.profiler import CACHE_NAME, LedgerHistory, Profiler, ProfilerConfig
+
+if TYPE_CHECKING:  # diffusers is imported only when the qwen-image arch runs
+    from runner.refserver.qwen_image.engine import QwenEngine
 
 log = logging.getLogger("refserver")
 
@@ -510,6 +514,9 @@ class Engine:
         c, p = self.p.latent_channels, self.p.patch
         t = tokens.reshape(1, th, tw, c, p, p).permute(0, 3, 1, 4, 2, 5)
         return t.reshape(1, c, th * p, tw * p)
+
+
+AnyEngine: TypeAlias = "Engine | QwenEngine"  # what the app serves: our DiT's engine or the Qwen-Image one
 
 
 def configure_torch(config: ServerConfig) -> None:

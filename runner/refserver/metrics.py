@@ -7,13 +7,13 @@ import math
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from runner.refserver.config import ServerConfig
-from runner.refserver.engine import Engine
+from runner.refserver.engine import AnyEngine
 
 BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, float("inf"))
 
 
 class Metrics:
-    def __init__(self, engine: Engine, config: ServerConfig | None = None) -> None:
+    def __init__(self, engine: AnyEngine, config: ServerConfig | None = None) -> None:
         r = self.registry = CollectorRegistry()
         # vLLM-Omni 0.30's own gauge (exported with --log-stats): the last request's peak, in MB of the
         # allocator's *reserved* memory, per stage; this server has one stage, "0".
