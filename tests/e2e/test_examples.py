@@ -36,7 +36,7 @@ def test_local_example_shows_all_three_worlds(local_example: ExampleRun) -> None
     report = (run_dir / "report.md").read_text()
     _glance(report, {"cpu-roomy": 5, "cpu-tight": 5, "cpu-tiny": 5})
     assert report.count("### Findings") == 3
-    assert "Where a fix would go" in report and "<code>runner/refserver/" in report  # cpu-tiny: quoted sites
+    assert "Where a fix would go" in report and "<code>diffusers/models/" in report  # cpu-tiny: quoted sites
     profiles = json.loads((run_dir / "profiles.json").read_text())
     assert [c["card"] for c in profiles["cards"]] == ["cpu-roomy", "cpu-tight", "cpu-tiny"]
 

@@ -1,12 +1,11 @@
-"""examples/local-qwen.toml: the embedded default's job on the real Qwen-Image transformer architecture
-(`runner refserver --arch qwen-image`, diffusers' QwenImageTransformer2DModel): the three worlds, OOM sites in
-diffusers' code, and the runner's per-reference cost against the accounted growth measured in process."""
+"""The embedded default (examples/local.toml) on the real Qwen-Image transformer architecture (`runner refserver
+--arch qwen-image`, diffusers' QwenImageTransformer2DModel): the three worlds, OOM sites in diffusers' code, and
+the runner's per-reference cost against the accounted growth measured in process. Reads the shared run
+(tests/conftest.py)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
@@ -14,22 +13,19 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.conftest import ExampleRun
+
 pytest.importorskip("diffusers")
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "local-qwen.toml"
+EXAMPLE = ROOT / "examples" / "local.toml"
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    results = tmp_path_factory.mktemp("local-qwen")
-    proc = subprocess.run([sys.executable, "-m", "runner", str(EXAMPLE), "--results", str(results), "--no-progress"],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (found,) = results.glob("local-qwen-*")
-    return found
+@pytest.fixture
+def run_dir(local_example: ExampleRun) -> Path:
+    return local_example.run_dir
 
 
 def verdicts(run_dir: Path) -> dict[str, dict]:
