@@ -310,24 +310,10 @@ class Engine:
         self.pinned = PinnedPool()
         self.chunk = 64
         self.load_seconds = 0.0
-        self.profiler = self._profiler()
+        self.profiler = make_profiler(config.profiler, self.device, self.mem)
         self.model = self._load()
         if self.profiler is not None:
             self.profiler.armed = False  # the load is over: only /start_profile … /stop_profile snapshots
-
-    def _profiler(self) -> Profiler | None:
-        """--profiler-config (vLLM-Omni's): the load is recorded and observed too, so a load OOM has a snapshot."""
-        if self.config.profiler is None:
-            return None
-        ledger = None
-        if self.device.type != "cuda" and isinstance(self.mem, AccountedMemory):
-            ledger = LedgerHistory()
-            self.mem.history = ledger
-        profiler = Profiler(ProfilerConfig.parse(self.config.profiler), self.device, ledger)
-        if isinstance(self.mem, AccountedMemory):
-            self.mem.on_oom = profiler.on_ledger_oom
-        profiler.record_load()
-        return profiler
 
     def nb(self, elements: int) -> int:
         return elements * self.elem
@@ -381,22 +367,7 @@ class Engine:
             self.mem.free(self.mem.alloc(nbytes, "the unquantized parameter skeleton (init on device)"))
 
     def warm_up(self) -> None:
-        """CUDA: one one-step request at the seed's size, so the kernels PyTorch loads lazily for large shapes
-        sit in the context before the whole-device cap is worked out (CudaMemory.fit_to_device); a card too
-        small for that request gets a tiny one. (H200: with either warm-up NVML v2 `used` stayed within the
-        24 GiB cap at the 3-reference OOM, 23.73 GiB; docs/evidence/h200-fidelity.)"""
-        if self.device.type != "cuda":
-            return
-        for side in (1024, 64):
-            ref = Image.new("RGB", (64, 64), (120, 60, 30))
-            req = GenerationRequest(prompt="warm up", references=(ref,), width=side, height=side, steps=1,
-                                    seed=0, true_cfg_scale=4.0, negative_prompt=" ")
-            try:
-                self.generate(req)
-                break
-            except torch.OutOfMemoryError:
-                torch.cuda.empty_cache()
-        self.mem.fit_to_device()
+        warm_up(self, 1024)
 
     def cond_cache_bytes_per_reference(self) -> int:
         """Device-mode cache bytes one reference adds, per CFG pass (K and V, every layer)."""
@@ -517,6 +488,40 @@ class Engine:
 
 
 AnyEngine: TypeAlias = "Engine | QwenEngine"  # what the app serves: our DiT's engine or the Qwen-Image one
+
+
+def make_profiler(config: str | None, device: torch.device, mem: DeviceMemory) -> Profiler | None:
+    """--profiler-config (vLLM-Omni's): the load is recorded and observed too, so a load OOM has a snapshot."""
+    if config is None:
+        return None
+    ledger = None
+    if isinstance(mem, AccountedMemory):
+        ledger = LedgerHistory()
+        mem.history = ledger
+    profiler = Profiler(ProfilerConfig.parse(config), device, ledger)
+    if isinstance(mem, AccountedMemory):
+        mem.on_oom = profiler.on_ledger_oom
+    profiler.record_load()
+    return profiler
+
+
+def warm_up(engine: AnyEngine, side: int) -> None:
+    """CUDA: one one-step request at the preset's size, so the kernels PyTorch loads lazily for large shapes
+    sit in the context before the whole-device cap is worked out (CudaMemory.fit_to_device); a card too
+    small for that request gets a tiny one. (H200: with either warm-up NVML v2 `used` stayed within the
+    24 GiB cap at the 3-reference OOM, 23.73 GiB; docs/evidence/h200-fidelity.)"""
+    if engine.device.type != "cuda":
+        return
+    for size in (side, 64):
+        ref = Image.new("RGB", (64, 64), (120, 60, 30))
+        req = GenerationRequest(prompt="warm up", references=(ref,), width=size, height=size, steps=1,
+                                seed=0, true_cfg_scale=4.0, negative_prompt=" ")
+        try:
+            engine.generate(req)
+            break
+        except torch.OutOfMemoryError:
+            torch.cuda.empty_cache()
+    engine.mem.fit_to_device()
 
 
 def configure_torch(config: ServerConfig) -> None:

@@ -25,10 +25,17 @@ from torch import Tensor, nn
 from torch.nn.attention import sdpa_kernel
 
 from runner.refserver.config import ServerConfig
-from runner.refserver.engine import DTYPES, GenerationRequest, GenerationResult, PinnedPool
+from runner.refserver.engine import (
+    DTYPES,
+    GenerationRequest,
+    GenerationResult,
+    PinnedPool,
+    make_profiler,
+    warm_up,
+)
 from runner.refserver.memory import AccountedMemory, format_size, make_device_memory
 from runner.refserver.model import _DETERMINISTIC_SDPA
-from runner.refserver.profiler import CACHE_NAME, LedgerHistory, Profiler, ProfilerConfig
+from runner.refserver.profiler import CACHE_NAME
 from runner.refserver.qwen_image import prefix as pfx
 from runner.refserver.qwen_image.ledger import TensorLedger
 from runner.refserver.qwen_image.model import (
@@ -96,7 +103,7 @@ class QwenEngine:
         self.host_pinned_bytes = 0
         self.visiting: HostWeights | None = None  # --enable-cpu-offload: the whole transformer, per request
         self.stand_ins = StandIns(self.p, config.seed_weights)
-        self.profiler = self._profiler()
+        self.profiler = make_profiler(config.profiler, self.device, self.mem)
         t0 = time.perf_counter()
         with self.counted():
             self.model = self._load()
@@ -111,19 +118,6 @@ class QwenEngine:
 
     def host(self) -> AbstractContextManager[None]:
         return self.ledger.host() if self.ledger is not None else nullcontext()
-
-    def _profiler(self) -> Profiler | None:
-        if self.config.profiler is None:
-            return None
-        ledger = None
-        if isinstance(self.mem, AccountedMemory):
-            ledger = LedgerHistory()
-            self.mem.history = ledger
-        profiler = Profiler(ProfilerConfig.parse(self.config.profiler), self.device, ledger)
-        if isinstance(self.mem, AccountedMemory):
-            self.mem.on_oom = profiler.on_ledger_oom
-        profiler.record_load()
-        return profiler
 
     # --- load --------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -171,20 +165,7 @@ class QwenEngine:
             block.register_forward_hook(lambda _m, _a, _o, w=weights: w.offload())
 
     def warm_up(self) -> None:
-        """CUDA: one one-step request, so the kernels loaded lazily sit in the context before the whole-device
-        cap is fitted (CudaMemory.fit_to_device); a card too small for it gets a tiny one."""
-        if self.device.type != "cuda":
-            return
-        for side in (self.p.default_side, 64):
-            ref = Image.new("RGB", (64, 64), (120, 60, 30))
-            req = GenerationRequest(prompt="warm up", references=(ref,), width=side, height=side, steps=1,
-                                    seed=0, true_cfg_scale=4.0, negative_prompt=" ")
-            try:
-                self.generate(req)
-                break
-            except torch.OutOfMemoryError:
-                torch.cuda.empty_cache()
-        self.mem.fit_to_device()
+        warm_up(self, self.p.default_side)
 
     def summary(self) -> str:
         c, p = self.config, self.p
