@@ -37,21 +37,22 @@ class TensorLedger(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        inputs: set[int] | None = None
-        for t in tree_leaves(out):
-            if not isinstance(t, torch.Tensor) or t.device.type == "meta":
-                continue
-            storage = t.untyped_storage()
-            key = id(storage)
-            if key in self.handles:
-                continue
-            if inputs is None:
-                inputs = {id(a.untyped_storage()) for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)}
-            if key in inputs:  # a view or an in-place result of something made before the ledger looked
-                continue
-            self.handles[key] = self.mem.alloc(storage.nbytes(), func.__name__)  # past the budget: raises
-            weakref.finalize(storage, self._freed, key)
+        if func.is_view:  # shares its input's storage: nothing new
+            return out
+        for t in (out,) if isinstance(out, torch.Tensor) else tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                self._seen(t, args, kwargs, func)
         return out
+
+    def _seen(self, t: torch.Tensor, args: Any, kwargs: Any, func: Any) -> None:
+        storage = t.untyped_storage()
+        key = id(storage)
+        if key in self.handles:
+            return
+        if any(isinstance(a, torch.Tensor) and a.untyped_storage() is storage for a in tree_leaves((args, kwargs))):
+            return  # an in-place result (or a view) of something made before the ledger looked
+        self.handles[key] = self.mem.alloc(storage.nbytes(), func.__name__)  # past the budget: raises
+        weakref.finalize(storage, self._freed, key)
 
     @contextmanager
     def host(self) -> Iterator[None]:
