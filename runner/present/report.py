@@ -21,7 +21,7 @@ from runner.judge.verdict_text import findings_lines, summary
 from runner.observe import quote
 from runner.observe.failures import without_stamp
 from runner.present import plots
-from runner.run.store import RunStore, StoreError, atomic_write, inside, load_memory
+from runner.run.store import RunStore, StoreError, atomic_write, inside, read_memory
 
 TERMS = [
     "**request peak** — one request's device-memory peak, from the first available source in the card's meter "
@@ -328,14 +328,20 @@ def _card_section(store: RunStore, v: Verdict, cards: dict[str, Any], sessions: 
     for s in card_sessions:
         image = _plot_path(out, f"{s.card}--{s.flags}-memory.png")
         folder = store.session_dir(s.key)
+        rows, unreadable = read_memory(folder / "memory.csv")
+        left_out = (f"memory.csv of {quote.code(s.key)}: {unreadable} line(s) are not samples and were left out"
+                    if unreadable else None)
         if not _fresh(image, [folder / "session.json", folder / "memory.csv", *folder.glob("refs-*/*.json")]):
-            rows = load_memory(folder / "memory.csv")
             fig = plots.session_figure(s, [st for st in card_steps if st.flags == s.flags], rows, capacity)
             if fig is None:
                 image.unlink(missing_ok=True)
+                if left_out:  # a plot missing for garbage in the file is said, not silent
+                    lines += [f"No memory plot: {left_out}, and no sample was left.", ""]
                 continue
             plots.save(fig, image)
         lines += [f"![{quote.markdown(s.key)} memory](plots/{image.name})", ""]
+        if left_out:
+            lines += [f"{left_out}.", ""]
     failures = [st for st in card_steps if st.status == Status.FAILED and st.failure]
     if failures:
         lines += ["Failures with evidence:", ""]

@@ -321,15 +321,19 @@ class RunStore:
         return path.read_bytes() if path.exists() else None
 
 
-def load_memory(path: Path) -> list[tuple[float, int, str, str, int]]:
-    """memory.csv's rows; a row that is not one (a kill mid-append, an edit) is left out."""
+def read_memory(path: Path) -> tuple[list[tuple[float, int, str, str, int]], int]:
+    """memory.csv's rows, and how many lines were not one (a kill mid-append, an edit): those are left out."""
     if not path.exists():
-        return []
-    rows = []
+        return [], 0
+    rows, unreadable = [], 0
     with path.open(errors="replace", newline="") as f:
         for r in csv.DictReader(f):
             try:
                 rows.append((float(r["t"]), int(r["attempt"]), str(r["source"]), str(r["metric"]), int(r["bytes"])))
             except (KeyError, TypeError, ValueError):
-                continue
-    return rows
+                unreadable += 1
+    return rows, unreadable
+
+
+def load_memory(path: Path) -> list[tuple[float, int, str, str, int]]:
+    return read_memory(path)[0]

@@ -470,3 +470,16 @@ def test_report_checks_run_json_as_resume_does(finished_run: Path, tmp_path: Pat
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     (line,) = proc.stderr.strip().splitlines()
     assert str(run / "run.json") in line and "/tmp/tmp" not in line.replace(str(run), ""), line
+
+
+def test_garbage_in_memory_csv_is_said_not_silent(finished_run: Path, tmp_path: Path) -> None:
+    # issue 30 R-4, third part: garbage in memory.csv silently removed the memory plot
+    run = tmp_path / "box" / "run"
+    shutil.copytree(finished_run, run)
+    csv_path = run / "c/default/memory.csv"
+    header = csv_path.read_text().splitlines()[0]
+    csv_path.write_text(header + "\n" + "not,a,sample,at,all\n" * 3 + "\x00\x01garbage\n")
+    proc = report(run)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    text = (run / "report.md").read_text()
+    assert "memory.csv of <code>c/default</code>: 4 line(s) are not samples and were left out" in text, text[-3000:]
