@@ -11,58 +11,22 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 from markdown_it import MarkdownIt
 
+from tests.safety.hostile_matrix import hostile_matrix
+
 ROOT = Path(__file__).resolve().parents[2]
-HOSTILE = Path(__file__).with_name("hostile.py")
-REF = ROOT / "examples" / "refs" / "ref-1.png"
 SITE = "vllm_omni/diffusion/__init__.py:12"
 MODES = ("oom-huge", "load-oom-huge", "oom-signs", "oom-prefixed", "oom-prefixed-ansi", "oom-long", "load-oom-long",
          "load-oom-others", "oom-markup", "oom-body")
 
 
 def write_matrix(tmp: Path) -> Path:
-    parts = [f"""
-        [run]
-        name = "hostile-findings"
-        seeds = [1]
-        repeats = 1
-        determinism_check = false
-        restarts = 0
-        steps = 2
-        size = "64x64"
-        request_timeout_s = 10
-        ready_timeout_s = 20
-        results_dir = "{tmp / 'results'}"
-
-        [flags.default]
-        role = "default"
-
-        [fixtures.one]
-        prompt = "a cat"
-        references = ["{REF}"]
-
-        [matrix]
-        references = [1]
-        """]
-    for mode in MODES:
-        parts.append(f"""
-            [servers.{mode}]
-            command = ["{{python}}", "{HOSTILE}", "--port", "{{port}}", "--mode", "{mode}"]
-
-            [cards.{mode}]
-            server = "{mode}"
-            vram_gib = 1
-            meters = ["host"]
-            """)
-    path = tmp / "matrix.toml"
-    path.write_text("".join(textwrap.dedent(p) for p in parts))
-    return path
+    return hostile_matrix(tmp, "hostile-findings", {mode: mode for mode in MODES})
 
 
 @pytest.fixture(scope="module")

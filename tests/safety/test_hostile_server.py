@@ -15,7 +15,6 @@ import re
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -23,9 +22,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.safety.hostile_matrix import hostile_matrix
+
 ROOT = Path(__file__).resolve().parents[2]
-HOSTILE = Path(__file__).with_name("hostile.py")
-REF = ROOT / "examples" / "refs" / "ref-1.png"
 SECRET = "hf_Zq8TOKEN0123456789abcdefSECRET"
 RSS_BOUND = 450 * 2**20  # the runner alone (python, numpy, PIL, matplotlib for the report) peaks at ~230 MiB here
 REQUEST_TIMEOUT_S, READY_TIMEOUT_S = 3, 8
@@ -49,43 +48,9 @@ pytestmark = pytest.mark.slow
 
 
 def write_matrix(tmp: Path) -> Path:
-    parts = [f"""
-        [run]
-        name = "hostile"
-        seeds = [1]
-        repeats = 1
-        determinism_check = false
-        restarts = 0
-        steps = 2
-        size = "64x64"
-        request_timeout_s = {REQUEST_TIMEOUT_S}
-        ready_timeout_s = {READY_TIMEOUT_S}
-        results_dir = "{tmp / 'results'}"
-
-        [flags.default]
-        role = "default"
-
-        [fixtures.one]
-        prompt = "a cat"
-        references = ["{REF}"]
-
-        [matrix]
-        references = [1]
-        """]
-    for card, (mode, *_) in {**CORPUS, "control": ("ok",)}.items():
-        parts.append(f"""
-            [servers.{card}]
-            command = ["{{python}}", "{HOSTILE}", "--port", "{{port}}", "--mode", "{mode}"]
-            env = {{ HF_TOKEN = "${{HF_TOKEN}}" }}
-
-            [cards.{card}]
-            server = "{card}"
-            vram_gib = 1
-            meters = ["host"]
-            """)
-    path = tmp / "matrix.toml"
-    path.write_text("".join(textwrap.dedent(p) for p in parts))
-    return path
+    cards = {card: mode for card, (mode, *_) in {**CORPUS, "control": ("ok",)}.items()}
+    return hostile_matrix(tmp, "hostile", cards, request_timeout_s=REQUEST_TIMEOUT_S,
+                          ready_timeout_s=READY_TIMEOUT_S, token_env=True)
 
 
 class RssWatch:
