@@ -347,6 +347,12 @@ def held_sentence(flags: str, m: MemoryModel) -> str:
                              f"{'enough for the failed allocation' if c.enough else 'not enough on its own'}"
                              for c in moves)
             text += f" Against a shortfall of at least {size(short)}: {said}."
+    if h.growth:
+        g = h.growth[0]
+        others = "".join(f", {_at_site(o.site, o.function)} {size(o.per_reference_bytes)}" for o in h.growth[1:3])
+        text += (f" What one more reference adds ({g.from_references} → {g.to_references} references, two "
+                 f"snapshots): {_at_site(g.site, g.function)} grows most, {size(g.per_reference_bytes)} per "
+                 f"reference{others}.")
     file = f" Snapshot: `{md(h.file)}` (opens in pytorch.org/memory_viz)." if h.file else ""
     return text + file
 

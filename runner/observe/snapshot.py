@@ -241,6 +241,21 @@ def _replay(events: list[dict[str, Any]], oom_at: int, segments: list[dict[str, 
     return [*pre, *live.values()]
 
 
+def _peak(events: list[dict[str, Any]]) -> int | None:
+    """The index of the event after which the trace's own allocations held the most, when that is not the
+    trace's end (else the snapshot's segments are that moment already)."""
+    live, best, at = 0, 0, None
+    for i, e in enumerate(events):
+        action = e.get("action")
+        if action == "alloc":
+            live += _int(e.get("size"))
+        elif action == "free_completed":
+            live -= _int(e.get("size"))
+        if live > best:
+            best, at = live, i
+    return at if at is not None and at < len(events) - 1 and live < best else None
+
+
 def read(snap: Mapping[str, Any], request_began_us: int | None = None) -> Held:
     """What held the memory at the snapshot's OOM (or at the snapshot, when its trace holds no OOM)."""
     segments = _segments(snap)
@@ -261,7 +276,13 @@ def read(snap: Mapping[str, Any], request_began_us: int | None = None) -> Held:
     tried = _int(events[oom_at].get("size")) if oom_at is not None else None
     reserved = sum(_int(s.get("total_size")) for s in segments)
     inactive: int | None = sum(_int(b.get("size")) for _, b in _seg_blocks(segments) if b.get("state") == "inactive")
-    if oom_at is None or oom_at == len(events) - 1:
+    peak_at = _peak(events) if oom_at is None else None
+    if peak_at is not None:  # no OOM: the live blocks at the trace's high point, not what outlived the request
+        exact = "trace replayed to the peak"
+        marked = [*events[:peak_at + 1], {"action": "peak"}, *events[peak_at + 1:]]
+        blocks = _replay(marked, peak_at + 1, segments, request_began_us, covers_start)
+        inactive = None
+    elif oom_at is None or oom_at == len(events) - 1:
         exact = "segments at the oom" if oom_at is not None else "segments"
         blocks = _live_from_segments(segments, trace_allocs, request_began_us, traced, covers_start)
     else:

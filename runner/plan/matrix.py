@@ -280,8 +280,9 @@ class RunSettings(Table):
     diagnosis: Literal["off", "oom", "always"] = Field(
         "oom", description="the diagnosis pass: for a flag set decided by a device OOM, restart its server "
                            "with the allocator history on, send the deciding request once more and collect the "
-                           "allocator snapshot (never a timed sample or a peak); always: also the peak of the "
-                           "last served reference count; off: none")
+                           "allocator snapshot (never a timed sample or a peak); always: also the peaks of the "
+                           "highest and the lowest served reference counts (which site grows per reference); "
+                           "off: none")
     # A floor as well as a ceiling: a rate near zero is a sampling period beyond any clock (1e-300 Hz).
     sample_hz: float = Field(20, ge=MIN_SAMPLE_HZ, le=1000,
                              description="meter sampling rate (each meter caps it to what its source sustains)")

@@ -47,7 +47,7 @@ class Target:
 def targets(mode: str, session: Session, steps: list[StepRecord], record: SessionRecord | None,
             target_references: int) -> list[Target]:
     """What a flag set's diagnosis pass sends (pure): the deciding device OOM's request (or its load); with
-    `always` also the last served reference count's first step."""
+    `always` also the first step of the highest served reference count and of the lowest."""
     if mode == "off":
         return []
     mine = [s for s in steps if s.card == session.card and s.flags == session.flags]
@@ -59,11 +59,11 @@ def targets(mode: str, session: Session, steps: list[StepRecord], record: Sessio
             out.append(Target("oom", oom.record, None))
         elif step is not None:
             out.append(Target("oom", oom.record, Step(step.card, step.flags, step.fixture, step.references, step.seed)))
-    if mode == "always":
-        served = sorted((s for s in mine if s.status == Status.OK),
-                        key=lambda s: (-s.references, s.fixture, s.seed))
-        if served:
-            s = served[0]
+    if mode == "always":  # the highest served count's peak, and the lowest's: which site grows per reference
+        served = [s for s in mine if s.status == Status.OK]
+        counts = sorted({s.references for s in served}, reverse=True)
+        for n in dict.fromkeys((counts[0], counts[-1])) if counts else ():
+            s = min((x for x in served if x.references == n), key=lambda x: (x.fixture, x.seed))
             out.append(Target("peak", s.key, Step(s.card, s.flags, s.fixture, s.references, s.seed)))
     return out
 
@@ -97,7 +97,7 @@ def run_target(session_runner: object, target: Target) -> DiagnosisRecord:
     r = session_runner
     ctx, session = r.ctx, r.session
     key = session.key
-    name = "peak" if target.at == "peak" else "oom"
+    name = "oom" if target.at == "oom" else f"peak-{target.step.references if target.step else 0}"
     folder = ctx.store.session_dir(key) / FOLDER / name
     folder.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
@@ -189,7 +189,9 @@ def readings(store: object) -> dict[tuple[str, str], tuple[Reading, ...]]:
                 data = path.read_bytes() if path.stat().st_size <= snapshot.MAX_FILE_BYTES else b""
                 if not data:
                     raise snapshot.SnapshotError(f"too large: more than {snapshot.MAX_FILE_BYTES} bytes")
-                held = snapshot.read_bytes(data, LOAD_BEGAN_US if d.references is None and d.at == "oom" else None)
+                # The runner asked /start_profile (which clears the history) just before the request: the trace
+                # is the request's own (began at 0); at a load OOM everything live was the load's.
+                held = snapshot.read_bytes(data, LOAD_BEGAN_US if d.references is None and d.at == "oom" else 0)
             except (OSError, ValueError) as exc:  # SnapshotError is a ValueError; inside() refuses escapes
                 why = f"allocator snapshot {d.snapshot} not read: {exc}"
         out.setdefault((d.card, d.flags), []).append(

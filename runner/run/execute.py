@@ -532,7 +532,8 @@ def _diagnosis_passes(ctx: RunContext, lane_name: str, refs: References, baselin
         record = ctx.store.load_session(session.key)
         for target in diagnose.targets(ctx.matrix.run.diagnosis, session, steps, record,
                                        ctx.matrix.verdict.target_references):
-            if ctx.stop.is_set() or ctx.store.diagnosis_path(session.key, target.at).exists():
+            refs_sent = target.step.references if target.step else None
+            if ctx.stop.is_set() or ctx.store.diagnosis_path(session.key, target.at, refs_sent).exists():
                 continue
             ctx.events.diagnosis_started(session.card, session.flags, target.at)
             done = diagnose.run_target(SessionRunner(ctx, session, refs, baselines), target)

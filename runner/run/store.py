@@ -283,12 +283,14 @@ class RunStore:
                 self.skipped(path, f"its key {record.key!r} is not its folder (a copy?); not counted")
         return out
 
-    def diagnosis_path(self, session_key: str, at: str) -> Path:
-        return self.session_dir(session_key) / ("diagnosis.json" if at == "oom" else f"diagnosis-{at}.json")
+    def diagnosis_path(self, session_key: str, at: str, references: int | None = None) -> Path:
+        name = "diagnosis.json" if at == "oom" else f"diagnosis-{at}-{references}.json"
+        return self.session_dir(session_key) / name
 
     def write_diagnosis(self, record: DiagnosisRecord) -> None:
-        """<card>/<flags>/diagnosis.json (the deciding OOM's pass), diagnosis-peak.json (diagnosis = always)."""
-        write_json(self.diagnosis_path(record.key, record.at), record.model_dump(mode="json"))
+        """<card>/<flags>/diagnosis.json (the deciding OOM's pass), diagnosis-peak-<N>.json (diagnosis = always:
+        the peaks of the highest and the lowest served reference counts)."""
+        write_json(self.diagnosis_path(record.key, record.at, record.references), record.model_dump(mode="json"))
 
     def load_diagnoses(self) -> list[DiagnosisRecord]:
         out = []

@@ -37,12 +37,14 @@ def step(refs: int, status: Status, oom: bool = False, seed: int = 1) -> StepRec
 SESSION = Session("c", "f", ())
 
 
-def test_the_deciding_request_oom_and_with_always_the_last_served_count() -> None:
+def test_the_deciding_request_oom_and_with_always_the_highest_and_lowest_served_counts() -> None:
     steps = [step(1, Status.OK), step(2, Status.OK), step(3, Status.FAILED, oom=True)]
     assert [(t.at, t.of, t.step.references if t.step else None) for t in targets("oom", SESSION, steps, None, 4)] \
         == [("oom", "c/f/refs-3/x-seed-1", 3)]
     assert [(t.at, t.step.references if t.step else None) for t in targets("always", SESSION, steps, None, 4)] \
-        == [("oom", 3), ("peak", 2)]
+        == [("oom", 3), ("peak", 2), ("peak", 1)]
+    one = [step(2, Status.OK), step(2, Status.OK, seed=2)]  # one served count: one peak
+    assert [(t.at, t.of) for t in targets("always", SESSION, one, None, 4)] == [("peak", "c/f/refs-2/x-seed-1")]
     assert targets("off", SESSION, steps, None, 4) == []
     assert targets("oom", SESSION, steps[:2], None, 4) == []  # nothing ran out: nothing to diagnose
 

@@ -88,3 +88,28 @@ def test_no_snapshot_is_one_line() -> None:
     m = with_held(model, (Reading("c/default", "oom", 2, None, None, why),), None)
     assert m.held is None and m.no_held is not None and m.no_held.why == why
     assert held_sentence("default", m) == f"'default': {why}."
+
+
+def test_which_site_grows_per_reference_between_two_snapshots() -> None:
+    """diagnosis = always: the lowest served count's peak against the OOM (or the highest peak): per request-time
+    site, what one more reference adds; the resident set and a site that shrinks are not growth."""
+    mlp, attn = "diffusers/models/activations.py:88", "diffusers/models/transformers/transformer_qwenimage.py:698"
+    weights = Site("diffusers/models/activations.py:78", "__init__", "resident", 5 * GIB, 1)
+    low = reading(at="snapshot", by_site=(weights, Site(mlp, "forward", "request", 240 * MIB, 1),
+                                          Site(attn, "forward", "request", 60 * MIB, 1),
+                                          Site("x.py:1", "f", "request", 10 * MIB, 1)))
+    high = reading(by_site=(weights,
+                            Site(mlp, "forward", "request", 576 * MIB, 1),
+                            Site(attn, "forward", "request", 144 * MIB, 1),
+                            Site("x.py:1", "f", "request", 4 * MIB, 1)))
+    model = MemoryModel(source="nvml", target_references=4, capacity_bytes=24 * GIB, oom=OOM)
+    m = with_held(model, (Reading("c/default", "oom", 5, None, high, None),
+                          Reading("c/default", "peak", 1, None, low, None)), None)
+    assert m.held is not None and m.held.at == "oom"
+    assert [(g.site, g.per_reference_bytes, g.from_references, g.to_references) for g in m.held.growth] == [
+        (mlp, 84 * MIB, 1, 5), (attn, 21 * MIB, 1, 5)]
+    assert ("What one more reference adds (1 → 5 references, two snapshots): `diffusers/models/activations.py:88 "
+            "in forward` grows most, 84.00 MiB per reference") in held_sentence("default", m)
+    one = with_held(model, (Reading("c/default", "oom", 5, None, high, None),), None)
+    assert one.held is not None and one.held.growth == ()  # one snapshot: no growth, and no sentence for it
+    assert "one more reference adds" not in held_sentence("default", one)

@@ -184,3 +184,24 @@ def test_named_parts_come_from_the_servers_metadata() -> None:
     h = S.read(snap)
     assert [(n.name, n.phase, n.bytes) for n in h.named] == [("conditioning cache", "request", 400)]
     assert (h.resident_bytes, h.request_bytes, h.inactive_bytes) == (500, 400, 0)
+
+
+def test_a_snapshot_of_a_served_request_is_replayed_to_its_peak() -> None:
+    """diagnosis = always: /stop_profile comes after the request freed its activations; what held the memory
+    is the trace at its high point (the weights, pre-trace, resident; the request's blocks live then)."""
+    act, attn = [_frame(TORCH, 134, "forward"), _frame(OWN, 88, "forward")], [_frame(OWN, 60, "attend")]
+    blocks = [_block(0, 1000), _block(1000, 2000, "inactive")]
+    snap = {"segments": [{"address": 0, "total_size": 3000, "blocks": blocks}],
+            "device_traces": [[
+                {"action": "alloc", "addr": 1000, "size": 300, "time_us": 5, "frames": attn},
+                {"action": "alloc", "addr": 1300, "size": 700, "time_us": 6, "frames": act},
+                {"action": "free_completed", "addr": 1300, "size": 700, "time_us": 7, "frames": act},
+                {"action": "alloc", "addr": 1300, "size": 100, "time_us": 8, "frames": act},
+                {"action": "free_completed", "addr": 1000, "size": 300, "time_us": 9, "frames": attn},
+                {"action": "free_completed", "addr": 1300, "size": 100, "time_us": 10, "frames": act},
+            ]]}
+    h = S.read(snap, request_began_us=0)
+    assert (h.at, h.exact) == ("snapshot", "trace replayed to the peak")
+    assert (h.active_bytes, h.resident_bytes, h.request_bytes) == (2000, 1000, 1000)
+    assert [(s.site, s.bytes) for s in h.by_site if s.phase == "request"] == [("/srv/app/engine.py:88", 700),
+                                                                             ("/srv/app/engine.py:60", 300)]

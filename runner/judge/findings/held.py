@@ -12,10 +12,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runner.judge.findings.models import Counterfactual, HeldMemory, HeldSite, MemoryModel, NamedPart, NoHeld, OomFacts
+from runner.judge.findings.models import (
+    Counterfactual,
+    HeldMemory,
+    HeldSite,
+    MemoryModel,
+    NamedPart,
+    NoHeld,
+    OomFacts,
+    SiteGrowth,
+)
 from runner.observe.snapshot import Held
 
 TOP_SITES = 12
+TOP_GROWTH = 5
 
 
 def shortfall(held: Held, oom: OomFacts | None, capacity_bytes: int | None) -> int | None:
@@ -99,10 +109,37 @@ class Reading:
     why: str | None
 
 
+def growth(readings: tuple[Reading, ...]) -> tuple[SiteGrowth, ...]:
+    """Per site, what one more reference adds: the flag set's snapshots at its lowest and highest reference
+    counts (a peak and a peak, or a peak and the OOM), request-time sites only (the resident set does not
+    depend on the request), largest growth first."""
+    read = sorted((r for r in readings if r.held is not None and r.references is not None),
+                  key=lambda r: r.references or 0)
+    if len(read) < 2 or read[0].references == read[-1].references:
+        return ()
+    low, high = read[0], read[-1]
+    assert low.held is not None and high.held is not None and low.references is not None \
+        and high.references is not None
+
+    def by_site(held: Held) -> dict[tuple[str, str | None], int]:
+        out: dict[tuple[str, str | None], int] = {}
+        for s in held.by_site:
+            if s.phase == "request":
+                out[(s.site, s.function)] = out.get((s.site, s.function), 0) + s.bytes
+        return out
+
+    before, after = by_site(low.held), by_site(high.held)
+    gap = high.references - low.references
+    grown = sorted(((after.get(k, 0) - before.get(k, 0)) // gap, k) for k in after.keys() | before.keys())
+    return tuple(SiteGrowth(site=k[0], function=k[1], per_reference_bytes=b, from_references=low.references,
+                            to_references=high.references) for b, k in reversed(grown) if b > 0)[:TOP_GROWTH]
+
+
 def with_held(model: MemoryModel, readings: tuple[Reading, ...], capacity_bytes: int | None) -> MemoryModel:
     """The memory model with what held the memory at its deciding OOM (else at the peak), or why not."""
     oom_reading = next((r for r in readings if r.at == "oom"), None)
-    reading = oom_reading or next((r for r in readings if r.at == "peak"), None)
+    peaks = sorted((r for r in readings if r.at == "peak"), key=lambda r: -(r.references or 0))
+    reading = oom_reading or next(iter(peaks), None)  # else the highest served count's peak
     if reading is None:
         return model
     if reading.held is None:
@@ -110,5 +147,5 @@ def with_held(model: MemoryModel, readings: tuple[Reading, ...], capacity_bytes:
     held = held_memory(reading.held, model.oom if reading.at == "oom" else None,
                        model.capacity_bytes or capacity_bytes, file=reading.file, record=reading.record,
                        references=reading.references)
-    return model.model_copy(update={"held": held})
+    return model.model_copy(update={"held": held.model_copy(update={"growth": growth(readings)})})
 

@@ -70,6 +70,17 @@ class Counterfactual(Record):
                                             "the rest of the request may need more); None: no shortfall known")
 
 
+class SiteGrowth(Record):
+    """What one more reference adds at one allocation site, between two allocator snapshots of the same flag set
+    at different reference counts (diagnosis = always)."""
+
+    site: str
+    function: str | None = None
+    per_reference_bytes: int = Field(description="(bytes at the higher count - at the lower) / the counts' gap")
+    from_references: int = Field(ge=0)
+    to_references: int = Field(ge=1)
+
+
 class HeldMemory(Record):
     """What held the device memory at the deciding OOM (or at the peak of the last served count), read from the
     allocator snapshot a diagnosis pass collected: resident before the request vs allocated by it, by site."""
@@ -94,6 +105,9 @@ class HeldMemory(Record):
                                                                   "per phase as 'other sites')")
     named: tuple[NamedPart, ...] = ()
     counterfactuals: tuple[Counterfactual, ...] = ()
+    growth: tuple[SiteGrowth, ...] = Field(default=(), description="which sites grow per reference, largest "
+                                                                   "first, from the flag set's snapshots at two "
+                                                                   "reference counts (diagnosis = always)")
     notes: tuple[str, ...] = ()
 
 
