@@ -334,6 +334,8 @@ def held_sentence(flags: str, m: MemoryModel) -> str:
         text += f"; the failed allocation tried {size(h.tried_bytes)}"
     if h.inactive_bytes:
         text += f"; {size(h.inactive_bytes)} sat in segments unallocated (fragmentation)"
+    if h.outside_pytorch_bytes:
+        text += f"; {size(h.outside_pytorch_bytes)} was outside PyTorch's allocator (CUDA context, libraries)"
     text += "."
     if not any(s.site != "no frames recorded" for s in h.by_site):
         text += " No frames recorded: no sites."

@@ -366,10 +366,11 @@ HELD_SHOWN = 4  # request-time sites drawn apart; the rest of the request is one
 def held_figure(card: str, held: Sequence[tuple[str, HeldMemory]], capacity_bytes: float) -> Figure | None:
     """What held the memory at each flag set's OOM (allocator snapshot): one stacked bar per flag set —
     resident before the request, the request's largest sites, the rest of the request, inactive bytes in
-    segments (fragmentation), the failed allocation on top (hatched) — against the card's capacity line."""
+    segments (fragmentation), what the process held outside PyTorch's allocator (the CUDA context; from the OOM
+    message), the failed allocation on top (hatched) — against the card's capacity line."""
     if not held:
         return None
-    tops = [h.reserved_bytes + (h.tried_bytes or 0) for _, h in held]
+    tops = [h.reserved_bytes + (h.outside_pytorch_bytes or 0) + (h.tried_bytes or 0) for _, h in held]
     div, unit = unit_for(max([*tops, capacity_bytes, 1]))
     fig, ax = plt.subplots(figsize=(max(5.5, 2.0 + 1.9 * len(held)), 4.6))
     greys = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#ccb974", "#64b5cd",
@@ -404,6 +405,9 @@ def held_figure(card: str, held: Sequence[tuple[str, HeldMemory]], capacity_byte
         else:
             y = put(x, y, h.active_bytes, "#9aa5b1", "held (resident / request not told apart)")
         y = put(x, y, h.inactive_bytes or 0, "white", "inactive in segments (fragmentation)", hatch="..")
+        if h.outside_pytorch_bytes:  # what the capacity holds that no snapshot sees
+            y = put(x, y, h.outside_pytorch_bytes, "#eeeeee", "outside PyTorch's allocator (CUDA context, libraries)",
+                    hatch="xx")
         if h.at == "oom" and h.tried_bytes:
             put(x, y, h.tried_bytes, "#ffffff00", "the allocation that failed", hatch="///")
         ax.text(x, (y + (h.tried_bytes or 0)) / div, f" {fmt_bytes(h.active_bytes)} held", ha="center",
@@ -416,7 +420,14 @@ def held_figure(card: str, held: Sequence[tuple[str, HeldMemory]], capacity_byte
     ax.set_xlim(-0.6, len(held) - 0.4)
     ax.set_ylabel(f"device memory at the OOM ({unit})")
     ax.set_title(f"{card}: what held the memory at each OOM (allocator snapshot)", fontsize=10)
-    ax.legend(list(legend.values()), list(legend.keys()), fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+    parts = ("resident", "held", "request: ", "request: every other site", "inactive", "outside", "the allocation",
+             "capacity")
+
+    def rank(label: str) -> int:  # the legend in the bars' order, bottom to top (sites in first-seen order)
+        return 3 if label == parts[3] else next((i for i, p in enumerate(parts) if label.startswith(p)), len(parts))
+
+    names = sorted(legend, key=rank)
+    ax.legend([legend[k] for k in names], names, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
               borderaxespad=0)
     ax.grid(alpha=0.25, axis="y")
     return fig

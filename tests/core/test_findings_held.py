@@ -113,3 +113,17 @@ def test_which_site_grows_per_reference_between_two_snapshots() -> None:
     one = with_held(model, (Reading("c/default", "oom", 5, None, high, None),), None)
     assert one.held is not None and one.held.growth == ()  # one snapshot: no growth, and no sentence for it
     assert "one more reference adds" not in held_sentence("default", one)
+
+
+def test_what_the_process_held_outside_pytorchs_allocator() -> None:
+    """The OOM message's in-use figure beyond PyTorch's reserved bytes: the CUDA context (the H200's 3090
+    emulation: 0.68 GiB); none from the CPU ledger's message, where in-use is PyTorch's alone."""
+    model = MemoryModel(source="nvml", target_references=4, capacity_bytes=24 * GIB, oom=OOM)
+    m = with_held(model, (Reading("c/default", "oom", 5, None, reading(), None),), None)
+    assert m.held is not None
+    assert m.held.outside_pytorch_bytes == round(24.21 * GIB) - round(23.23 * GIB) - 317 * MIB
+    assert "was outside PyTorch's allocator (CUDA context, libraries)" in held_sentence("default", m)
+    cpu = OOM.model_copy(update={"in_use_bytes": round(23.23 * GIB) + 317 * MIB})
+    none = with_held(model.model_copy(update={"oom": cpu}), (Reading("c/default", "oom", 5, None, reading(), None),),
+                     None)
+    assert none.held is not None and none.held.outside_pytorch_bytes is None

@@ -47,6 +47,18 @@ def shortfall(held: Held, oom: OomFacts | None, capacity_bytes: int | None) -> i
     return held.reserved_bytes + tried - capacity_bytes
 
 
+def outside_pytorch(oom: OomFacts | None) -> int | None:
+    """The OOM message's "this process has X in use" beyond what PyTorch reserved (allocated + reserved but
+    unallocated): the CUDA context and libraries' memory. None when a figure is missing or it would be negative
+    (the CPU ledger's message counts PyTorch's bytes alone)."""
+    if oom is None or None in (oom.in_use_bytes, oom.allocated_bytes, oom.reserved_unallocated_bytes):
+        return None
+    assert oom.in_use_bytes is not None and oom.allocated_bytes is not None \
+        and oom.reserved_unallocated_bytes is not None
+    gap = oom.in_use_bytes - oom.allocated_bytes - oom.reserved_unallocated_bytes
+    return gap if gap > 0 else None
+
+
 def _sites(held: Held) -> tuple[HeldSite, ...]:
     top = [HeldSite(site=s.site, function=s.function, phase=s.phase, bytes=s.bytes, blocks=s.blocks)  # type: ignore[arg-type]
            for s in held.by_site[:TOP_SITES]]
@@ -91,6 +103,7 @@ def held_memory(held: Held, oom: OomFacts | None, capacity_bytes: int | None, *,
                       inactive_bytes=held.inactive_bytes, reserved_bytes=held.reserved_bytes,
                       tried_bytes=held.tried_bytes,
                       oom_reserved_unallocated_bytes=oom.reserved_unallocated_bytes if oom is not None else None,
+                      outside_pytorch_bytes=outside_pytorch(oom),
                       by_site=_sites(held),
                       named=tuple(NamedPart(name=n.name, phase=n.phase, bytes=n.bytes, blocks=n.blocks)  # type: ignore[arg-type]
                                   for n in held.named),

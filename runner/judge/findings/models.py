@@ -101,6 +101,9 @@ class HeldMemory(Record):
     tried_bytes: int | None = None
     oom_reserved_unallocated_bytes: int | None = Field(default=None, description="the OOM message's figure, "
                                                                                  "beside inactive_bytes")
+    outside_pytorch_bytes: int | None = Field(default=None, ge=0, description="what the process held outside "
+                                              "PyTorch's allocator at the OOM (the CUDA context, libraries' "
+                                              "workspaces): the message's in-use figure minus PyTorch's reserved")
     by_site: tuple[HeldSite, ...] = Field(default=(), description="largest first (at most 12; the rest summed "
                                                                   "per phase as 'other sites')")
     named: tuple[NamedPart, ...] = ()
