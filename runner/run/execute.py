@@ -183,7 +183,7 @@ class SessionRunner:
     # -- one request -----------------------------------------------------------------------------------
     def sender(self, client: httpx.Client, server: RunningServer) -> Sender:
         return Sender(client, server, self.profile.dialect, self.run.request_timeout_s, self.run.size,
-                      self.ctx.stop)
+                      self.ctx.stop, server.own_packages)
 
     def _request(self, step: Step) -> dialects.HttpCall:
         fixture = self.ctx.matrix.fixtures[step.fixture]

@@ -17,6 +17,7 @@ from runner.backends.base import ExitInfo, RunningServer
 from runner.core.records import Failure, FailureClass
 from runner.observe import bounded
 from runner.observe.failures import classify_request, references_dropped
+from runner.observe.traceback import SERVER_PACKAGES
 from runner.run import dialects
 from runner.run.interrupts import interruptible
 from runner.run.step_records import HttpResult, Observed, Sends
@@ -38,6 +39,7 @@ class Sender:
     deadline_s: float
     size: tuple[int, int] | None
     stop: threading.Event
+    own: tuple[str, ...] = SERVER_PACKAGES  # where an OOM's site may be: the servers' packages and the model's
 
     def send(self, call: dialects.HttpCall) -> HttpResult:
         server = self.server
@@ -82,7 +84,7 @@ class Sender:
             failure = classify_request(http_status=sent.status, body=server.quote(sent.content[:4000]),
                                        log_window=sent.log_window, timed_out=sent.timed_out,
                                        server_exit=sent.exit_code, parse_problem=problem,
-                                       oom_killed=sent.oom_killed, own=server.own_packages) or references_dropped(
+                                       oom_killed=sent.oom_killed, own=self.own) or references_dropped(
                 log_window=sent.log_window, sent=references, http_status=sent.status)
         if failure is None and image_bytes is None:
             failure = Failure(kind=FailureClass.BAD_RESPONSE, message=problem or "no image", evidence=())
