@@ -37,8 +37,8 @@ class TensorLedger(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        if func.is_view:  # shares its input's storage: nothing new
-            return out
+        # Every output is looked at, views too: ops such as reshape and to(dtype) may alias or copy (func.is_view
+        # is true for both), and only the storage tells.
         for t in (out,) if isinstance(out, torch.Tensor) else tree_leaves(out):
             if isinstance(t, torch.Tensor) and t.device.type != "meta":
                 self._seen(t, args, kwargs, func)
