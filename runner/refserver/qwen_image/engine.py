@@ -34,7 +34,7 @@ from runner.refserver.engine import (
     warm_up,
 )
 from runner.refserver.memory import AccountedMemory, format_size, make_device_memory
-from runner.refserver.model import _DETERMINISTIC_SDPA
+from runner.refserver.model import _DETERMINISTIC_SDPA, module_bytes
 from runner.refserver.profiler import CACHE_NAME
 from runner.refserver.qwen_image import prefix as pfx
 from runner.refserver.qwen_image.ledger import TensorLedger
@@ -47,7 +47,6 @@ from runner.refserver.qwen_image.model import (
     pack,
     quantize_blocks,
     unpack,
-    weight_bytes,
 )
 
 log = logging.getLogger("refserver")
@@ -135,7 +134,7 @@ class QwenEngine:
         elif cfg.quantization == "fp8":
             model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=self.dtype)
         self.params = sum(t.numel() for t in model.parameters())
-        self.weight_bytes = weight_bytes(model)
+        self.weight_bytes = module_bytes(model)
         pfx.install(model)
         if cfg.offload == "module":
             self.visiting = HostWeights(model, self.device, self.host)
@@ -144,7 +143,7 @@ class QwenEngine:
             self._offload_blocks(model)
         self.device_weight_bytes = self.weight_bytes - (
             self.weight_bytes if cfg.offload == "module"
-            else sum(weight_bytes(b) for b in model.transformer_blocks) if cfg.offload == "layerwise" else 0)
+            else sum(module_bytes(b) for b in model.transformer_blocks) if cfg.offload == "layerwise" else 0)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
@@ -157,7 +156,7 @@ class QwenEngine:
 
             apply_group_offloading(model, onload_device=self.device, offload_device=torch.device("cpu"),
                                    offload_type="block_level", num_blocks_per_group=1, use_stream=True)
-            self.weights_pinned_bytes = sum(weight_bytes(b) for b in model.transformer_blocks)
+            self.weights_pinned_bytes = sum(module_bytes(b) for b in model.transformer_blocks)
             return
         for block in model.transformer_blocks:
             weights = HostWeights(block, self.device, self.host)

@@ -96,7 +96,3 @@ def unpack(tokens: Tensor, th: int, tw: int) -> Tensor:
     b = tokens.shape[0]
     t = tokens.reshape(b, th, tw, LATENT_CHANNELS, PATCH, PATCH).permute(0, 3, 1, 4, 2, 5)
     return t.reshape(b, LATENT_CHANNELS, th * PATCH, tw * PATCH)
-
-
-def weight_bytes(model: nn.Module) -> int:
-    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
