@@ -40,7 +40,7 @@ def psnr(cell: Cell) -> str:
 def reason(d: Decision, roles: dict[str, str], rules: VerdictRules) -> str:
     """The whole reason: what decided the card and why each default and offload flag set did or did not."""
     target = rules.target_references
-    counted = [b for b in d.stops if b.role == "default" or b.role in rules.offload_roles]
+    counted = [b for b in d.stops if rules.decides_world(b.role)]
     if d.world == "fits-resident" and d.cell is not None:
         c = d.cell
         return (f"default flag set '{d.flags}' serves {target} reference(s): peak {fmt_bytes(c.peak_bytes)} "

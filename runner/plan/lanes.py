@@ -157,11 +157,6 @@ def request_shape(matrix: Matrix, card: Card) -> RequestShape:
                         size=run.size, true_cfg_scale=run.true_cfg_scale, negative_prompt=run.negative_prompt)
 
 
-def world_roles(matrix: Matrix) -> frozenset[str]:
-    """The roles a card's world is decided by (runner.judge.verdict): `default` and `[verdict] offload_roles`."""
-    return frozenset({"default", *matrix.verdict.offload_roles})
-
-
 def first_seed_off_target(matrix: Matrix, card: str, flags: str) -> bool:
     """Under `repeats = "auto"`, whether this session sends only the first seed at the reference counts other
     than the target (every seed at the target): its flag set decides no world — its role is neither `default`
@@ -172,7 +167,7 @@ def first_seed_off_target(matrix: Matrix, card: str, flags: str) -> bool:
     run = matrix.run
     cell = matrix.baseline.cell if matrix.baseline else None
     return (run.auto_repeats and run.oom_implies_seeds and len(run.seeds) > 1
-            and matrix.flags[flags].role not in world_roles(matrix)
+            and not matrix.verdict.decides_world(matrix.flags[flags].role)
             and not (cell is not None and cell[1] == flags and cell[0] in (card, None)))
 
 

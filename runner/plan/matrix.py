@@ -527,6 +527,10 @@ class VerdictRules(Table):
     # [run] max_repeats under auto (0: an integer `repeats`): a ratio still open there is not "rerun with more".
     latency_max_repeats: SkipJsonSchema[int] = 0
 
+    def decides_world(self, role: str) -> bool:
+        """Whether a flag set of this role can decide a card's world: `default`, or one of offload_roles."""
+        return role == "default" or role in self.offload_roles
+
 
 NAMED = ("servers", "cards", "flags", "fixtures")
 
