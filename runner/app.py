@@ -174,7 +174,9 @@ def finish(store: RunStore, matrix: Matrix, *, rescore: bool = True) -> list:
     capacities = {c.name: round(c.vram_gib * GIB) for c in matrix.cards.values()}
     allocator = allocator_pairs((f.name, f.args, f.env) for f in matrix.flags.values())
     verdicts = decide_all(steps, sessions, matrix.verdict, list(dict.fromkeys(s.card for s in steps)), wall,
-                          capacities, allocator, diagnose.readings(store))
+                          capacities, allocator,
+                          diagnose.readings(store, {c.name: matrix.servers[c.server].own_packages
+                                                    for c in matrix.cards.values()}))
     # A baseline cell on a card with another server: the report says its scores compare two servers.
     verdicts = [replace(v, notes=(*v.notes, note)) if (note := baseline.cell_mismatch(matrix, v.card)) else v
                 for v in verdicts]

@@ -21,7 +21,6 @@ from runner.core.records import Failure, FailureClass
 from runner.core.secrets import resolved_values
 from runner.observe import bounded, quote
 from runner.observe.failures import classify_start
-from runner.observe.traceback import SERVER_PACKAGES
 from runner.plan.lanes import RUNTIME_PORT, ServerPlan
 
 PROBE_S = 5.0  # one readiness probe's total deadline (within ready_timeout_s)
@@ -171,7 +170,7 @@ class RunningServer(ABC):
     @property
     def own_packages(self) -> tuple[str, ...]:
         """The packages an OOM's site may be in: the servers' own, and the model's this profile names."""
-        return (*SERVER_PACKAGES, *self.plan.profile.model_packages)
+        return self.plan.profile.own_packages
 
     def wait_ready(self, deadline_s: float, poll_s: float = 0.25, stop: threading.Event | None = None) -> float:
         """Seconds until ready; raises StartFailed (after stopping the server) when it never is, and

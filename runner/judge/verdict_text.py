@@ -290,7 +290,7 @@ def findings_lines(v: Verdict) -> list[str]:
     held = [(x, f.flag_sets[x].memory) for x in order if f.flag_sets[x].memory.held or f.flag_sets[x].memory.no_held]
     if held:
         lines += ["", "What held the memory (allocator snapshots of the diagnosis pass, not a measurement):"]
-        lines += [f"- {held_sentence(x, m)}" for x, m in held]
+        lines += [f"- {line}" for line in _held_lines(held)]
     if f.fragmentation:
         lines.append("")
     for fr in f.fragmentation:
@@ -309,7 +309,26 @@ def _at_site(site: str, function: str | None) -> str:
     return f"`{md(site)}" + (f" in {md(function)}`" if function else "`")
 
 
-def held_sentence(flags: str, m: MemoryModel) -> str:
+def _held_lines(held: list[tuple[str, MemoryModel]]) -> list[str]:
+    """One sentence per distinct reading: flag sets whose snapshots say the same (the 16 GiB card's load OOM
+    under every flag set) share one, with each snapshot's file."""
+    groups: dict[str, list[tuple[str, str | None]]] = {}
+    for flags, m in held:
+        body = held_sentence("", m, with_file=False).removeprefix("'': ")
+        groups.setdefault(body, []).append((flags, m.held.file if m.held is not None else None))
+    out = []
+    for body, members in groups.items():
+        names = ", ".join(f"'{md(f)}'" for f, _ in members)
+        same = " (the same reading)" if len(members) > 1 else ""
+        files = [f for _, f in members if f]
+        snap = ("" if not files else f" Snapshot: `{md(files[0])}` (opens in pytorch.org/memory_viz)."
+                if len(files) == 1 else " Snapshots (open in pytorch.org/memory_viz): "
+                + ", ".join(f"`{md(f)}`" for f in files) + ".")
+        out.append(f"{names}{same}: {body}{snap}")
+    return out
+
+
+def held_sentence(flags: str, m: MemoryModel, with_file: bool = True) -> str:
     """One flag set's held memory at its OOM (or peak) in plain words, with what each move would buy."""
     if m.held is None:
         why = m.no_held.why if m.no_held is not None else "no snapshot"
@@ -355,6 +374,12 @@ def held_sentence(flags: str, m: MemoryModel) -> str:
         text += (f" What one more reference adds ({g.from_references} → {g.to_references} references, two "
                  f"snapshots): {_at_site(g.site, g.function)} grows most, {size(g.per_reference_bytes)} per "
                  f"reference{others}.")
-    file = f" Snapshot: `{md(h.file)}` (opens in pytorch.org/memory_viz)." if h.file else ""
+    if h.at == "oom" and (o := m.oom) is not None and h.tried_bytes is not None and o.tried_bytes is not None \
+            and h.tried_bytes != o.tried_bytes:
+        # A fresh server (the diagnosis pass) need not fail where the measured send did, after other requests.
+        where = f" at {_at_site(o.site, o.function)}" if o.site else ""
+        text += (f" The diagnosis pass (a fresh start, this request alone) failed at another allocation than the "
+                 f"measured send, which asked {size(o.tried_bytes)}{where}.")
+    file = f" Snapshot: `{md(h.file)}` (opens in pytorch.org/memory_viz)." if h.file and with_file else ""
     return text + file
 

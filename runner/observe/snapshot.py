@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from runner.observe.traceback import FRAMEWORKS, STDLIB, package_path
+from runner.observe.traceback import FRAMEWORKS, SERVER_PACKAGES, STDLIB, package_path
 
 MAX_FILE_BYTES = 256 * 2**20  # the real 34-layer Qwen-Image snapshot: 1.9 MB gzipped, 21 MB unpickled
 MAX_BLOCKS = 200_000
@@ -155,13 +155,15 @@ def _outside_torch(path: str) -> bool:
     return any(d in path for d in ("site-packages", "dist-packages")) or not STDLIB.search(path.replace("\\", "/"))
 
 
-def site_of(frames: Sequence[tuple[str, int, str]]) -> tuple[str, str | None]:
-    """(site, function): the innermost frame outside torch and the standard library (frames innermost first)."""
+def site_of(frames: Sequence[tuple[str, int, str]], own: tuple[str, ...] = SERVER_PACKAGES
+            ) -> tuple[str, str | None]:
+    """(site, function): the innermost frame outside torch and the standard library (frames innermost first),
+    package-relative as an OOM's site is (`own`: the server's and the model's packages, however installed)."""
     if not frames:
         return NO_FRAMES, None
     for path, line, name in frames:
         if _outside_torch(path):
-            return f"{package_path(path)[0]}:{line}", name
+            return f"{package_path(path, own)[0]}:{line}", name
     return NO_SITE, None
 
 
@@ -256,7 +258,8 @@ def _peak(events: list[dict[str, Any]]) -> int | None:
     return at if at is not None and at < len(events) - 1 and live < best else None
 
 
-def read(snap: Mapping[str, Any], request_began_us: int | None = None) -> Held:
+def read(snap: Mapping[str, Any], request_began_us: int | None = None,
+         own: tuple[str, ...] = SERVER_PACKAGES) -> Held:
     """What held the memory at the snapshot's OOM (or at the snapshot, when its trace holds no OOM)."""
     segments = _segments(snap)
     events = _events(snap)
@@ -304,7 +307,7 @@ def read(snap: Mapping[str, Any], request_began_us: int | None = None) -> Held:
     named: dict[tuple[str, str], list[int]] = {}
     for b in blocks:
         phase = "unknown" if not split_known else ("resident" if b.resident else "request")
-        site, function = site_of(b.frames)
+        site, function = site_of(b.frames, own)
         acc = by.setdefault((site, function, phase), [0, 0])
         acc[0] += b.size
         acc[1] += 1
@@ -326,10 +329,10 @@ def read(snap: Mapping[str, Any], request_began_us: int | None = None) -> Held:
                 expandable_segments=expandable if isinstance(expandable, bool) else None, notes=tuple(notes))
 
 
-def read_bytes(data: bytes, request_began_us: int | None = None) -> Held:
+def read_bytes(data: bytes, request_began_us: int | None = None, own: tuple[str, ...] = SERVER_PACKAGES) -> Held:
     """load + read, for a snapshot file's bytes (SnapshotError: one line why not)."""
     snap = load(data)
     try:
-        return read(snap, request_began_us)
+        return read(snap, request_began_us, own)
     except (TypeError, KeyError, AttributeError) as exc:  # plain data of an unexpected shape
         raise SnapshotError(f"not an allocator snapshot: {type(exc).__name__}: {str(exc)[:200]}") from None

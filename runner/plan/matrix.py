@@ -42,6 +42,7 @@ from runner.core.errors import UserError
 from runner.core.registry import BACKENDS, DIALECTS, METERS, BackendOptions, OptionError, Options, listed_meters
 from runner.core.units import slug
 from runner.core.vocab import Role, names
+from runner.observe.traceback import SERVER_PACKAGES
 from runner.plan.sequential import looks
 
 # Allowed values come from runner.core.vocab and the registries (read at load: an entry added later counts).
@@ -351,6 +352,11 @@ class ServerProfile(Table):
     @classmethod
     def prepare(cls, data: dict[str, Any]) -> dict[str, Any]:
         return {"port": 0 if data.get("image") is None else 8000, "model": data.get("name", ""), **data}
+
+    @property
+    def own_packages(self) -> tuple[str, ...]:
+        """The packages an OOM's or a snapshot block's site may be in: the servers' own and the model's."""
+        return (*SERVER_PACKAGES, *self.model_packages)
 
     @model_validator(mode="after")
     def _runs_something(self) -> ServerProfile:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from runner.core.units import slug
 from runner.judge.findings.held import Reading
 from runner.judge.findings.memory import deciding_oom
 from runner.observe import bounded, snapshot
+from runner.observe.traceback import SERVER_PACKAGES
 from runner.plan.lanes import Session, Step
 from runner.run import dialects
 from runner.run.store import inside
@@ -174,9 +176,11 @@ def run_target(session_runner: object, target: Target) -> DiagnosisRecord:
 LOAD_BEGAN_US = 2**62  # a load OOM has no request: everything live was held by the load (resident)
 
 
-def readings(store: object) -> dict[tuple[str, str], tuple[Reading, ...]]:
-    """Every diagnosis record's snapshot, read (runner.observe.snapshot): by (card, flags). A snapshot that is
-    refused or broken is its one line, never a traceback."""
+def readings(store: object, own: Mapping[str, tuple[str, ...]] | None = None
+             ) -> dict[tuple[str, str], tuple[Reading, ...]]:
+    """Every diagnosis record's snapshot, read (runner.observe.snapshot): by (card, flags), its sites relative to
+    the card's server and model packages (`own`, by card). A snapshot that is refused or broken is its one line,
+    never a traceback."""
     from runner.run.store import RunStore
 
     assert isinstance(store, RunStore)
@@ -191,7 +195,8 @@ def readings(store: object) -> dict[tuple[str, str], tuple[Reading, ...]]:
                     raise snapshot.SnapshotError(f"too large: more than {snapshot.MAX_FILE_BYTES} bytes")
                 # The runner asked /start_profile (which clears the history) just before the request: the trace
                 # is the request's own (began at 0); at a load OOM everything live was the load's.
-                held = snapshot.read_bytes(data, LOAD_BEGAN_US if d.references is None and d.at == "oom" else 0)
+                held = snapshot.read_bytes(data, LOAD_BEGAN_US if d.references is None and d.at == "oom" else 0,
+                                           (own or {}).get(d.card, SERVER_PACKAGES))
             except (OSError, ValueError) as exc:  # SnapshotError is a ValueError; inside() refuses escapes
                 why = f"allocator snapshot {d.snapshot} not read: {exc}"
         out.setdefault((d.card, d.flags), []).append(

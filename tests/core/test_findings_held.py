@@ -127,3 +127,44 @@ def test_what_the_process_held_outside_pytorchs_allocator() -> None:
     none = with_held(model.model_copy(update={"oom": cpu}), (Reading("c/default", "oom", 5, None, reading(), None),),
                      None)
     assert none.held is not None and none.held.outside_pytorch_bytes is None
+
+
+def test_many_resident_sites_never_hide_the_requests_largest() -> None:
+    # 34 layers of weights make more resident sites than are kept: the request's activation is still named
+    weights = tuple(Site(f"diffusers/models/attention.py:{n}", "__init__", "resident", GIB, 34) for n in range(20))
+    h = reading(by_site=(*weights, Site("diffusers/models/activations.py:88", "forward", "request", 384 * MIB, 1)))
+    m = with_held(MemoryModel(source="nvml", target_references=4, oom=OOM),
+                  (Reading("c/default", "oom", 5, None, h, None),), None)
+    assert m.held is not None
+    assert "largest live allocation was 384.00 MiB at `diffusers/models/activations.py:88 in forward`" \
+        in held_sentence("default", m)
+    assert [s.site for s in m.held.by_site if s.phase == "resident"][-1] == "other sites"
+
+
+def test_identical_readings_share_one_sentence_with_every_snapshot() -> None:
+    from runner.judge.verdict_text import _held_lines
+
+    def model(file: str) -> MemoryModel:
+        return with_held(MemoryModel(source="nvml", target_references=4, oom=OOM),
+                         (Reading("c/x", "oom", 5, file, reading(), None),), None)
+
+    other = with_held(MemoryModel(source="nvml", target_references=4, oom=OOM),
+                      (Reading("c/z", "oom", 5, "z.pickle", reading(inactive_bytes=0), None),), None)
+    lines = _held_lines([("default", model("a.pickle")), ("int8", model("b.pickle")), ("fp8", other)])
+    assert len(lines) == 2
+    assert lines[0].startswith("'default', 'int8' (the same reading): at the 5-reference OOM")
+    assert lines[0].endswith("Snapshots (open in pytorch.org/memory_viz): `a.pickle`, `b.pickle`.")
+    assert lines[1].startswith("'fp8': at the 5-reference OOM") and "`z.pickle`" in lines[1]
+
+
+def test_a_diagnosis_that_failed_elsewhere_than_the_measured_send_says_so() -> None:
+    oom = OOM.model_copy(update={"tried_bytes": 98 * MIB, "site": "runner/refserver/qwen_image/prefix.py:149",
+                                 "function": "_attend"})
+    m = with_held(MemoryModel(source="nvml", target_references=4, oom=oom),
+                  (Reading("c/x", "oom", 5, None, reading(tried_bytes=384 * MIB), None),), None)
+    text = held_sentence("cond-host", m)
+    assert ("failed at another allocation than the measured send, which asked 98.00 MiB at "
+            "`runner/refserver/qwen\\_image/prefix.py:149 in \\_attend`") in text
+    assert "another allocation" not in held_sentence("default", with_held(
+        MemoryModel(source="nvml", target_references=4, oom=OOM), (Reading("c/x", "oom", 5, None, reading(), None),),
+        None))

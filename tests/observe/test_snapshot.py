@@ -205,3 +205,15 @@ def test_a_snapshot_of_a_served_request_is_replayed_to_its_peak() -> None:
     assert (h.active_bytes, h.resident_bytes, h.request_bytes) == (2000, 1000, 1000)
     assert [(s.site, s.bytes) for s in h.by_site if s.phase == "request"] == [("/srv/app/engine.py:88", 700),
                                                                              ("/srv/app/engine.py:60", 300)]
+
+
+def test_a_model_package_outside_site_packages_is_named_from_its_package() -> None:
+    """diffusers installed into a folder of its own on PYTHONPATH (the H200 run's /tmp/h200-site): its frames are
+    package-relative, as the OOM's site from the traceback is, once the matrix names it in model_packages."""
+    act = [_frame(TORCH, 134, "forward"), _frame("/tmp/h200-site/diffusers/models/activations.py", 88, "forward")]
+    snap = {"segments": [{"address": 0, "total_size": 700, "blocks": [_block(0, 700, frames=act)]}],
+            "device_traces": [[{"action": "alloc", "addr": 0, "size": 700, "time_us": 1, "frames": act},
+                               {"action": "oom", "size": 300, "time_us": 2, "frames": act}]]}
+    named = S.read(snap, 0, own=("runner", "diffusers"))
+    assert [s.site for s in named.by_site] == ["diffusers/models/activations.py:88"]
+    assert [s.site for s in S.read(snap, 0).by_site] == ["/tmp/h200-site/diffusers/models/activations.py:88"]

@@ -22,7 +22,7 @@ from runner.judge.findings.models import (
     OomFacts,
     SiteGrowth,
 )
-from runner.observe.snapshot import Held
+from runner.observe.snapshot import Held, Site
 
 TOP_SITES = 12
 TOP_GROWTH = 5
@@ -60,13 +60,21 @@ def outside_pytorch(oom: OomFacts | None) -> int | None:
 
 
 def _sites(held: Held) -> tuple[HeldSite, ...]:
-    top = [HeldSite(site=s.site, function=s.function, phase=s.phase, bytes=s.bytes, blocks=s.blocks)  # type: ignore[arg-type]
-           for s in held.by_site[:TOP_SITES]]
+    """The largest TOP_SITES sites of each phase (so 21 GiB of weights never hide the request's activations),
+    the rest summed per phase."""
+    kept: list[Site] = []
     rest: dict[str, list[int]] = {}
-    for s in held.by_site[TOP_SITES:]:
-        acc = rest.setdefault(s.phase, [0, 0])
-        acc[0] += s.bytes
-        acc[1] += s.blocks
+    seen: dict[str, int] = {}
+    for s in held.by_site:  # largest first
+        seen[s.phase] = seen.get(s.phase, 0) + 1
+        if seen[s.phase] <= TOP_SITES:
+            kept.append(s)
+        else:
+            acc = rest.setdefault(s.phase, [0, 0])
+            acc[0] += s.bytes
+            acc[1] += s.blocks
+    top = [HeldSite(site=s.site, function=s.function, phase=s.phase, bytes=s.bytes, blocks=s.blocks)  # type: ignore[arg-type]
+           for s in kept]
     top += [HeldSite(site="other sites", function=None, phase=p, bytes=b, blocks=n)  # type: ignore[arg-type]
             for p, (b, n) in rest.items()]
     return tuple(top)
