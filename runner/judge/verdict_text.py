@@ -290,7 +290,7 @@ def findings_lines(v: Verdict) -> list[str]:
     held = [(x, f.flag_sets[x].memory) for x in order if f.flag_sets[x].memory.held or f.flag_sets[x].memory.no_held]
     if held:
         lines += ["", "What held the memory (allocator snapshots of the diagnosis pass, not a measurement):"]
-        lines += [f"- {line}" for line in _held_lines(held)]
+        lines += [f"- {line}" for line in held_lines(held)]
     if f.fragmentation:
         lines.append("")
     for fr in f.fragmentation:
@@ -309,46 +309,51 @@ def _at_site(site: str, function: str | None) -> str:
     return f"`{md(site)}" + (f" in {md(function)}`" if function else "`")
 
 
-def _held_lines(held: list[tuple[str, MemoryModel]]) -> list[str]:
-    """One sentence per distinct reading: flag sets whose snapshots say the same (the 16 GiB card's load OOM
-    under every flag set) share one, with each snapshot's file."""
+def held_lines(held: list[tuple[str, MemoryModel]]) -> list[str]:
+    """One sentence per distinct reading, each naming its flag sets and snapshot files: flag sets whose
+    snapshots say the same (the 16 GiB card's load OOM under every flag set) share one."""
     groups: dict[str, list[tuple[str, str | None]]] = {}
     for flags, m in held:
-        body = held_sentence("", m, with_file=False).removeprefix("'': ")
-        groups.setdefault(body, []).append((flags, m.held.file if m.held is not None else None))
+        groups.setdefault(_held_reading(m), []).append((flags, m.held.file if m.held is not None else None))
     out = []
-    for body, members in groups.items():
+    for reading, members in groups.items():
         names = ", ".join(f"'{md(f)}'" for f, _ in members)
         same = " (the same reading)" if len(members) > 1 else ""
         files = [f for _, f in members if f]
         snap = ("" if not files else f" Snapshot: `{md(files[0])}` (opens in pytorch.org/memory_viz)."
                 if len(files) == 1 else " Snapshots (open in pytorch.org/memory_viz): "
                 + ", ".join(f"`{md(f)}`" for f in files) + ".")
-        out.append(f"{names}{same}: {body}{snap}")
+        out.append(f"{names}{same}: {reading}{snap}")
     return out
 
 
-def held_sentence(flags: str, m: MemoryModel, with_file: bool = True) -> str:
-    """One flag set's held memory at its OOM (or peak) in plain words, with what each move would buy."""
+def held_sentence(flags: str, m: MemoryModel) -> str:
+    """One flag set's held memory at its OOM (or peak), as report.md says it."""
+    return held_lines([(flags, m)])[0]
+
+
+def _held_reading(m: MemoryModel) -> str:
+    """A flag set's held memory at its OOM (or peak) in plain words, with what each move would buy (no name,
+    no snapshot file: held_lines adds them)."""
     if m.held is None:
         why = m.no_held.why if m.no_held is not None else "no snapshot"
-        return f"'{md(flags)}': {md(why)}."
+        return f"{md(why)}."
     h = m.held
     moment = ("at load" if h.references is None else f"at the {h.references}-reference OOM") if h.at == "oom" \
         else f"at the {h.references}-reference peak"
     if h.resident_bytes is not None and h.request_bytes is not None:
-        text = (f"'{md(flags)}': {moment}, {size(h.resident_bytes)} of the {size(h.active_bytes)} held were resident "
+        text = (f"{moment}, {size(h.resident_bytes)} of the {size(h.active_bytes)} held were resident "
                 f"before the request")
         top = next((s for s in h.by_site if s.phase == "request" and s.site != "other sites"), None)
         if h.references is None:
-            text = f"'{md(flags)}': {moment}, the load held {size(h.active_bytes)}"
+            text = f"{moment}, the load held {size(h.active_bytes)}"
         elif top is not None:
             text += (f"; the request's largest live allocation was {size(top.bytes)} at "
                      f"{_at_site(top.site, top.function)} ({size(h.request_bytes)} allocated by the request in all)")
         else:
             text += f"; the request held {size(h.request_bytes)}"
     else:
-        text = f"'{md(flags)}': {moment}, {size(h.active_bytes)} were held (resident and request not told apart)"
+        text = f"{moment}, {size(h.active_bytes)} were held (resident and request not told apart)"
     if h.tried_bytes is not None and h.at == "oom":
         text += f"; the failed allocation tried {size(h.tried_bytes)}"
     if h.inactive_bytes:
@@ -380,6 +385,5 @@ def held_sentence(flags: str, m: MemoryModel, with_file: bool = True) -> str:
         where = f" at {_at_site(o.site, o.function)}" if o.site else ""
         text += (f" The diagnosis pass (a fresh start, this request alone) failed at another allocation than the "
                  f"measured send, which asked {size(o.tried_bytes)}{where}.")
-    file = f" Snapshot: `{md(h.file)}` (opens in pytorch.org/memory_viz)." if h.file and with_file else ""
-    return text + file
+    return text
 

@@ -142,7 +142,7 @@ def test_many_resident_sites_never_hide_the_requests_largest() -> None:
 
 
 def test_identical_readings_share_one_sentence_with_every_snapshot() -> None:
-    from runner.judge.verdict_text import _held_lines
+    from runner.judge.verdict_text import held_lines
 
     def model(file: str) -> MemoryModel:
         return with_held(MemoryModel(source="nvml", target_references=4, oom=OOM),
@@ -150,7 +150,7 @@ def test_identical_readings_share_one_sentence_with_every_snapshot() -> None:
 
     other = with_held(MemoryModel(source="nvml", target_references=4, oom=OOM),
                       (Reading("c/z", "oom", 5, "z.pickle", reading(inactive_bytes=0), None),), None)
-    lines = _held_lines([("default", model("a.pickle")), ("int8", model("b.pickle")), ("fp8", other)])
+    lines = held_lines([("default", model("a.pickle")), ("int8", model("b.pickle")), ("fp8", other)])
     assert len(lines) == 2
     assert lines[0].startswith("'default', 'int8' (the same reading): at the 5-reference OOM")
     assert lines[0].endswith("Snapshots (open in pytorch.org/memory_viz): `a.pickle`, `b.pickle`.")
