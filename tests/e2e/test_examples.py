@@ -69,3 +69,18 @@ def test_seed_emulated_example_reads_at_a_glance(tmp_path: Path) -> None:
         line = next(ln for ln in console if ln.startswith(v["card"] + ":"))
         row = next(ln for ln in (run_dir / "report.md").read_text().splitlines() if ln.startswith(f"| {v['card']} |"))
         assert markdown(line.split(" — ", 1)[1]) in row  # the same words (report.md quotes them as Markdown)
+
+
+def test_the_not_built_card_says_what_held_the_memory(local_example: ExampleRun) -> None:
+    """Issue 27 on the embedded default: cpu-tiny's Findings read the diagnosis passes' snapshots. The four flag
+    sets that fail the same load share one reading with each snapshot file; cpu-offload's request OOM names the
+    request's largest live allocation by its site and says what moving it would buy."""
+    report = (local_example.run_dir / "report.md").read_text()
+    tiny = report[report.index("## cpu-tiny"):]
+    held = tiny[tiny.index("What held the memory"):tiny.index("### Evidence")]
+    load = next(ln for ln in held.splitlines() if "(the same reading): at load" in ln)
+    assert load.count(".pickle`") == 4 and "moving the resident set" in load
+    offload = next(ln for ln in held.splitlines() if ln.startswith("- 'cpu-offload': at the 4-reference OOM"))
+    assert "the request's largest live allocation was" in offload and "Against a shortfall of at least" in offload
+    assert {p.name for p in (local_example.run_dir / "plots").glob("*-held.png")} == {"cpu-tight-held.png",
+                                                                                     "cpu-tiny-held.png"}
