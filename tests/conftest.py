@@ -1,5 +1,6 @@
 """Shared fixtures: a small valid matrix on disk that tests mutate to probe validation, and one run of
-examples/local.toml shared by the e2e tests that read it."""
+examples/local.toml shared by the e2e tests that read it; and the xdist groups that keep the tests sharing one
+costly or exclusive thing on one worker."""
 
 from __future__ import annotations
 
@@ -66,6 +67,23 @@ def matrix_dir(tmp_path: Path) -> Path:
 class ExampleRun:
     proc: subprocess.CompletedProcess[str]
     run_dir: Path
+
+
+# scripts/test.sh runs the suite on pytest-xdist workers (`--dist loadgroup`). A session fixture is made once
+# per worker, so the tests that use a costly one run on one worker and it is made once: the group follows the
+# fixture, not a list of files that would go stale.
+GROUP_BY_FIXTURE = {
+    "local_example": "local-example",  # one run of examples/local.toml (minutes)
+    "fleet": "refserver-fleet",  # tests/refserver: eleven reference servers started at once
+    "slurm": "slurm",  # the one stand-in node's gres: a second test's job would pend behind the first's
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        group = next((g for f, g in GROUP_BY_FIXTURE.items() if f in getattr(item, "fixturenames", ())), None)
+        if group is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")
