@@ -79,6 +79,7 @@ GROUP_BY_FIXTURE = {
 }
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the marks (it would see none after)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         group = next((g for f, g in GROUP_BY_FIXTURE.items() if f in getattr(item, "fixturenames", ())), None)
