@@ -167,8 +167,10 @@ def ratio_interval(num: tuple[float, ...], den: tuple[float, ...], *, level: flo
     return ratios[cut], ratios[-cut - 1]
 
 
-def _walls(cell: Cell) -> tuple[float, ...]:
-    return cell.walls_s or ((cell.wall_s,) if cell.wall_s else ())  # verdict.json of earlier runs: no samples
+def timed_walls(cell: Cell) -> tuple[float, ...]:
+    """The cell's timed sends (verdict.json of earlier runs: its one median). A wall of 0 s is no timing (a
+    hand-edited record, or one rounded to 0): it is never a divisor of a ratio."""
+    return tuple(w for w in cell.walls_s or ((cell.wall_s,) if cell.wall_s else ()) if w > 0)
 
 
 def _timed(s: StepRecord) -> tuple[float, ...]:
@@ -210,8 +212,8 @@ def _ratio(off: Cell, ref: Cell | None, base_wall: float | None, what: str, n: i
            ) -> Latency | None:
     """Median over median with its bootstrap interval (a recorded baseline wall time is one sample); under
     auto the ratio of geometric means with runner.plan.sequential's interval over the sessions' pooled noise."""
-    num = _walls(off)
-    den = _walls(ref) if ref is not None else (base_wall,) if base_wall else ()
+    num = timed_walls(off)
+    den = timed_walls(ref) if ref is not None else (base_wall,) if base_wall else ()
     if not num or not den:
         return None
     sides = ((off.flags, off.references), None if ref is None else (ref.flags, ref.references))

@@ -153,6 +153,16 @@ def test_profiles_list_who_serves_each_count_fastest_first_and_drop_the_too_slow
     assert one.serve[1].headroom_bytes == 3 * GIB - GIB // 2 and one.serve[1].latency_ratio == 1.5
 
 
+def test_a_wall_of_zero_seconds_is_no_timing_and_no_divisor() -> None:
+    """Issue 30 R-1: an edited record whose served sends took 10 µs (walls are summarised to 0.1 ms: 0 s) gave
+    profiles.json a division by zero; such a wall is no timing: no latency ratio is made of it."""
+    steps = [served("default", 1, GIB, wall=1e-5), served("host", 1, GIB // 2, wall=1.5, role="offload")]
+    rules = RULES.model_copy(update={"target_references": 1})
+    v = decide("c", steps, [session("default"), session("host", "offload")], rules, capacity_bytes=3 * GIB)
+    (count,) = profiles("r", [v], rules, {"c": 3 * GIB}).cards[0].counts
+    assert {e.flags: e.latency_ratio for e in count.serve} == {"default": None, "host": None}
+
+
 def load_oom_verdict(message: str) -> Verdict:
     """The verdict of a 16 GiB card whose only flag set ran out of memory at load with this message."""
     failure = Failure(kind=FailureClass.OOM_AT_LOAD, message="out of memory at load", evidence=(), http_status=None,

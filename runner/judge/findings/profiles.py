@@ -7,28 +7,24 @@ from __future__ import annotations
 
 import statistics
 
-from runner.judge.decision import Cell, Verdict
+from runner.judge.decision import Verdict
 from runner.judge.findings.models import CardProfile, CountProfile, ProfileEntry, Profiles
-from runner.judge.verdict import ratio_interval
+from runner.judge.verdict import ratio_interval, timed_walls
 from runner.plan.matrix import VerdictRules
-
-
-def _walls(c: Cell) -> tuple[float, ...]:
-    return c.walls_s or ((c.wall_s,) if c.wall_s else ())
 
 
 def card_profile(v: Verdict, rules: VerdictRules, capacity_bytes: int | None) -> CardProfile:
     counts = []
     for n in sorted({c.references for c in v.cells}):
         here = [c for c in v.cells if c.references == n and c.served]
-        defaults = [c for c in here if c.role == "default" and _walls(c)]
+        defaults = [c for c in here if c.role == "default" and timed_walls(c)]
         serve, excluded = [], {}
         for c in here:
             ratio = None
-            if c.role != "default" and defaults and _walls(c):
+            if c.role != "default" and defaults and timed_walls(c):
                 d = defaults[0]
-                ratio = round(statistics.median(_walls(c)) / statistics.median(_walls(d)), 3)
-                low, _ = ratio_interval(_walls(c), _walls(d))
+                ratio = round(statistics.median(timed_walls(c)) / statistics.median(timed_walls(d)), 3)
+                low, _ = ratio_interval(timed_walls(c), timed_walls(d))
                 if low > rules.max_latency_ratio:
                     excluded[c.flags] = (f"latency {ratio:.2f}× '{d.flags}' at {n} (interval from {low:.2f}) > "
                                          f"{rules.max_latency_ratio:g}")
