@@ -27,11 +27,13 @@ from runner.core.units import fmt_bytes, fmt_s
 from runner.judge.decision import Blocked, Cell, World
 from runner.judge.verdict import ratio_interval
 from runner.judge.verdict_text import stops_text
+from runner.plan.sequential import exp
 
 Key = tuple[str, str, int]  # card, flag set, reference count
 PEAK_NOISE = 0.02  # relative
 PSNR_NOISE_DB = 0.5
 MIN_CELLS_FOR_BAND = 5
+BAND_SAID_MAX = 1000.0  # a band wider than this says nothing (the latency words' rule: no bound past 1000×)
 
 
 @dataclass(frozen=True)
@@ -90,12 +92,12 @@ def wall_moved(x: Cell, y: Cell, band: float = 1.0) -> bool:
 
 def run_band(pairs: list[tuple[Cell, Cell]]) -> tuple[float, int]:
     """The run-to-run noise band (a factor ≥ 1) from the cells both runs timed, and how many there were."""
-    logs = [math.log(y.wall_s / x.wall_s) for x, y in pairs if x.wall_s and y.wall_s]
+    logs = [math.log(y.wall_s) - math.log(x.wall_s) for x, y in pairs if x.wall_s and y.wall_s]
     if len(logs) < MIN_CELLS_FOR_BAND:
         return 1.0, len(logs)
     mid = statistics.median(logs)
     sd = 1.4826 * statistics.median(abs(v - mid) for v in logs)
-    return math.exp(3 * sd), len(logs)
+    return exp(3 * sd), len(logs)  # inf, never an OverflowError, for walls a hand edit spread over 600 decades
 
 
 def load_summary(run_dir: Path) -> RunSummary:
@@ -172,6 +174,9 @@ def _wall(c: Cell | None) -> str:
 def band_line(band: float, timed: int) -> str:
     """The noise band a wall-time change must clear, and why it is that wide: said first, since a wide band
     (a loaded machine) hides large changes behind "No changed cells"."""
+    if band > BAND_SAID_MAX:
+        return (f"wall time: the run-to-run noise over the {timed} cells both runs timed is beyond ×/÷ "
+                f"{BAND_SAID_MAX:g}: no change of wall time can be told from it")
     if band > 1:
         return (f"wall time: a change must clear ×/÷ {band:.2f}, the run-to-run noise measured over the {timed} "
                 f"cells both runs timed (3 robust SDs of after/before: a shared machine's load moves every cell)")
@@ -189,7 +194,8 @@ def render(a: RunSummary, b: RunSummary, *, show_all: bool = False) -> str:
         words = stops_text(b.stops.get(card, ())).replace("|", "/") or "–"
         lines.append(f"| {card} | {before or '–'} | {after or '–'}{mark} | {words} |")
     moved = [ch for ch in every if ch.what_changed()]
-    noise = f"×/÷ {band:.2f} band" if band > 1 else "within-run spread (no run-to-run band)"
+    noise = (f"band (beyond ×/÷ {BAND_SAID_MAX:g})" if band > BAND_SAID_MAX else f"×/÷ {band:.2f} band" if band > 1
+             else "within-run spread (no run-to-run band)")
     lines += ["", f"{len(moved)} of {len(every)} cell(s) changed beyond noise"
               + ("" if show_all else f"; {len(every) - len(moved)} within noise not listed (--all lists them)")
               + f". Wall: median [min–max] s over timed sends; a change needs the 95% interval of after/before "

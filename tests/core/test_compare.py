@@ -115,6 +115,26 @@ def test_run_to_run_noise_is_measured_over_all_cells_and_only_outliers_change(tm
     assert "4 of 4 cell(s) changed beyond noise" in text and "no run-to-run band (4 cells timed" in text.splitlines()[0]
 
 
+def test_walls_spread_over_six_hundred_decades_are_a_band_that_says_nothing_not_an_overflow(tmp_path: Path) -> None:
+    """Issue 30 C-1: after/before ratios from 1e-300 to 1e300 over six cells (hand-edited verdict.json files)
+    overflowed math.exp in the run-to-run band; the band is unbounded and the first line says it tells nothing."""
+    import dataclasses
+
+    a = load_summary(write_run(tmp_path / "a", "run-a", _two_seeds((1.0, 1.02, 0.98, 1.01)),
+                                     [session("default", "default")]))
+    base = next(iter(a.cells.values()))
+    before, after = {}, {}
+    for i, (x, y) in enumerate([(1e-150, 1e150), (1e150, 1e-150), (1.0, 1.0), (1e-150, 1e150), (1e150, 1e-150),
+                                (1.0, 2.0)]):
+        key = ("c", f"flags-{i}", 1)
+        before[key] = dataclasses.replace(base, flags=key[1], wall_s=x, walls_s=(x, x), wall_min_s=x, wall_max_s=x)
+        after[key] = dataclasses.replace(base, flags=key[1], wall_s=y, walls_s=(y, y), wall_min_s=y, wall_max_s=y)
+    text = render(dataclasses.replace(a, cells=before), dataclasses.replace(a, cells=after))
+    first = text.splitlines()[0]
+    assert "is beyond ×/÷ 1000: no change of wall time can be told from it" in first, first
+    assert "inf" not in text and "0 of 6 cell(s) changed beyond noise" in text
+
+
 def test_a_cell_with_three_sends_a_step_and_one_with_one_are_compared_alike(tmp_path: Path) -> None:
     # repeats = "auto" leaves most cells at one send per step and tops up a few: the cells' samples are
     # compared, however many sends per step made them.
