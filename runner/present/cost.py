@@ -186,6 +186,15 @@ class LaneEstimate:
     guessed: int  # sessions without a counterpart in the earlier run (priced at its means)
 
 
+PLAUSIBLE_S = 7 * 24 * 3600.0  # a load or a send said to last over a week is an edited record, not a time
+
+
+def _times(values: Iterable[float | None]) -> list[float]:
+    """The figures that can be times of a load or a send; the rest are left out, never summed (two sends of
+    1e308 s overflowed the mean, one printed a 300-digit hour count: issue 30, C-2)."""
+    return [v for v in values if v is not None and 0 < v <= PLAUSIBLE_S]
+
+
 def estimate(plan: Plan, steps: Iterable[StepRecord], sessions: Iterable[SessionRecord]) -> list[LaneEstimate]:
     """Per lane: Σ over sessions of starts × load time + Σ over cells of sends × time per send, each figure the
     earlier run's for the same card/flags (cell: same references), scaled to the plan's steps per cell. A
@@ -193,9 +202,9 @@ def estimate(plan: Plan, steps: Iterable[StepRecord], sessions: Iterable[Session
     mean time per send."""
     steps, sessions = list(steps), list(sessions)
     by_session = {s.key: s for s in sessions}
-    loads = [st.ready_s for s in sessions for st in s.starts if st.ready_s]
+    loads = _times(st.ready_s for s in sessions for st in s.starts)
     mean_load = statistics.fmean(loads) if loads else 0.0
-    walls = [x.wall_s for r in steps for x in sends_of(r)]
+    walls = _times(x.wall_s for r in steps for x in sends_of(r))
     mean_send = statistics.fmean(walls) if walls else 0.0
     cells: dict[tuple[str, str, int], list[StepRecord]] = {}
     for r in steps:
@@ -206,7 +215,7 @@ def estimate(plan: Plan, steps: Iterable[StepRecord], sessions: Iterable[Session
         guessed = 0
         for s in lane.sessions:
             prior = by_session.get(s.key)
-            own = [st.ready_s for st in prior.starts if st.ready_s] if prior else []
+            own = _times(st.ready_s for st in prior.starts) if prior else []
             n_starts = len(prior.starts) if prior and prior.starts else 1
             guessed += prior is None
             starts += n_starts
@@ -217,7 +226,8 @@ def estimate(plan: Plan, steps: Iterable[StepRecord], sessions: Iterable[Session
                 if earlier:
                     made = [x for r in earlier for x in sends_of(r)]
                     per_step = len(made) / len(earlier)
-                    each = statistics.fmean(x.wall_s for x in made) if made else mean_send
+                    timed = _times(x.wall_s for x in made)
+                    each = statistics.fmean(timed) if timed else mean_send
                 else:
                     per_step, each = 1.0, mean_send
                 sends += planned * per_step

@@ -433,7 +433,7 @@ def test_resume_never_overwrites_a_record_a_newer_runner_wrote(finished_run: Pat
     assert path.read_bytes() == before
 
 
-@pytest.mark.parametrize("edit", ["deep-session", "huge-send"])
+@pytest.mark.parametrize("edit", ["deep-session", "huge-send", "huge-sends-everywhere"])
 def test_plan_estimate_from_an_edited_run_is_a_line_not_a_traceback(finished_run: Path, tmp_path: Path,
                                                                    edit: str) -> None:
     # issue 30 C-2
@@ -442,15 +442,20 @@ def test_plan_estimate_from_an_edited_run_is_a_line_not_a_traceback(finished_run
     if edit == "deep-session":
         (run / "c/default/session.json").write_text("[" * 200_000 + "]" * 200_000)
     else:
-        path = run / "c/default/refs-1/one-seed-1.json"
-        doc = json.loads(path.read_text())
-        doc["sends"] = [{**s, "wall_s": 1e308} for s in doc["sends"]]
-        doc["wall_s"], doc["wall_samples_s"] = 1e308, [1e308] * len(doc["wall_samples_s"])
-        path.write_text(json.dumps(doc))
+        one = [run / "c/default/refs-1/one-seed-1.json"]
+        paths = one if edit == "huge-send" else list(run.glob("c/*/refs-*/*.json"))
+        for path in paths:
+            doc = json.loads(path.read_text())
+            doc["sends"] = [{**s, "wall_s": 1e308} for s in doc["sends"]]
+            doc["wall_s"], doc["wall_samples_s"] = 1e308, [1e308] * len(doc["wall_samples_s"])
+            path.write_text(json.dumps(doc))
     proc = subprocess.run([sys.executable, "-m", "runner", "plan", str(finished_run.parent.parent / "matrix.toml"),
                            "--estimate-from", str(run)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "inf" not in proc.stdout.lower().replace("info", ""), proc.stdout[-2000:]
+    estimate = [ln for ln in proc.stdout.splitlines() if ln.startswith(("  lane ", "  run: "))]
+    assert estimate and not any(any(len(d) > 5 for d in ln.replace(":", " ").split() if d.isdigit())
+                                for ln in estimate), estimate  # no 300-digit hour count
 
 
 @pytest.mark.parametrize("edit", ["newer-version", "extra-key", "matrix-not-toml"])
