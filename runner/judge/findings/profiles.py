@@ -17,14 +17,14 @@ def card_profile(v: Verdict, rules: VerdictRules, capacity_bytes: int | None) ->
     counts = []
     for n in sorted({c.references for c in v.cells}):
         here = [c for c in v.cells if c.references == n and c.served]
-        defaults = [c for c in here if c.role == "default" and timed_walls(c)]
+        defaults = [(c, walls) for c in here if c.role == "default" and (walls := timed_walls(c))]
         serve, excluded = [], {}
         for c in here:
             ratio = None
-            if c.role != "default" and defaults and timed_walls(c):
-                d = defaults[0]
-                ratio = round(statistics.median(timed_walls(c)) / statistics.median(timed_walls(d)), 3)
-                low, _ = ratio_interval(timed_walls(c), timed_walls(d))
+            if c.role != "default" and defaults and (mine := timed_walls(c)):
+                d, theirs = defaults[0]
+                ratio = round(statistics.median(mine) / statistics.median(theirs), 3)
+                low, _ = ratio_interval(mine, theirs)
                 if low > rules.max_latency_ratio:
                     excluded[c.flags] = (f"latency {ratio:.2f}× '{d.flags}' at {n} (interval from {low:.2f}) > "
                                          f"{rules.max_latency_ratio:g}")
