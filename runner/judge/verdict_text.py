@@ -344,7 +344,8 @@ def _held_reading(m: MemoryModel) -> str:
     if h.resident_bytes is not None and h.request_bytes is not None:
         text = (f"{moment}, {size(h.resident_bytes)} of the {size(h.active_bytes)} held were resident "
                 f"before the request")
-        top = next((s for s in h.by_site if s.phase == "request" and s.site != "other sites"), None)
+        top = next((s for s in h.by_site if s.phase == "request" and s.site != "other sites" and s.part is None),
+                   None)
         if h.references is None:
             text = f"{moment}, the load held {size(h.active_bytes)}"
         elif top is not None:
@@ -352,6 +353,9 @@ def _held_reading(m: MemoryModel) -> str:
                      f"{_at_site(top.site, top.function)} ({size(h.request_bytes)} allocated by the request in all)")
         else:
             text += f"; the request held {size(h.request_bytes)}"
+        if h.references is not None:
+            text += "".join(f"; {size(n.bytes)} of the request's bytes were the server's {md(n.name)}"
+                            for n in h.named if n.phase == "request")
     else:
         text = f"{moment}, {size(h.active_bytes)} were held (resident and request not told apart)"
     if h.tried_bytes is not None and h.at == "oom":

@@ -93,6 +93,7 @@ class Site:
     phase: str  # "resident" | "request" | "unknown"
     bytes: int
     blocks: int
+    part: str | None = None  # the server's name for these blocks (their `user_metadata`), if it gave one
 
 
 @dataclass(frozen=True)
@@ -303,12 +304,12 @@ def read(snap: Mapping[str, Any], request_began_us: int | None = None,
     elif not split_known:
         notes.append("the history covers the whole process and the server did not mark the request's start: "
                      "resident and request bytes cannot be told apart")
-    by: dict[tuple[str, str | None, str], list[int]] = {}
+    by: dict[tuple[str, str | None, str, str | None], list[int]] = {}
     named: dict[tuple[str, str], list[int]] = {}
     for b in blocks:
         phase = "unknown" if not split_known else ("resident" if b.resident else "request")
         site, function = site_of(b.frames, own)
-        acc = by.setdefault((site, function, phase), [0, 0])
+        acc = by.setdefault((site, function, phase, b.metadata or None), [0, 0])
         acc[0] += b.size
         acc[1] += 1
         if b.metadata:
@@ -323,7 +324,7 @@ def read(snap: Mapping[str, Any], request_began_us: int | None = None,
                 resident_bytes=resident, request_bytes=None if resident is None else active - resident,
                 inactive_bytes=inactive, reserved_bytes=reserved, segments=len(segments), blocks=len(blocks),
                 tried_bytes=tried, frames=frames,
-                by_site=tuple(sorted((Site(s, f, p, v[0], v[1]) for (s, f, p), v in by.items()),
+                by_site=tuple(sorted((Site(s, f, p, v[0], v[1], m) for (s, f, p, m), v in by.items()),
                                      key=lambda x: (-x.bytes, x.site))),
                 named=tuple(sorted((Named(n, p, v[0], v[1]) for (n, p), v in named.items()), key=lambda x: -x.bytes)),
                 expandable_segments=expandable if isinstance(expandable, bool) else None, notes=tuple(notes))

@@ -31,7 +31,7 @@ from runner.core.records import Failure, FailureClass, Peak, SessionRecord, Stat
 from runner.core.registry import METERS
 from runner.core.units import clip, fmt_bytes, fmt_s, unit_for
 from runner.judge.decision import Cell
-from runner.judge.findings.models import HeldMemory
+from runner.judge.findings.models import HeldMemory, HeldSite
 from runner.run.store import atomic_write
 
 COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
@@ -385,10 +385,14 @@ def held_figure(card: str, held: Sequence[tuple[str, HeldMemory]], capacity_byte
         return bottom + value
 
     # one colour per site across the card's bars, so a legend entry means the same site in every bar
+    def name(s: HeldSite) -> str:  # a part the server named (weights onloaded for the request) says so first
+        where = f"{s.site} in {s.function}" if s.function else s.site
+        return f"{s.part}: {where}" if s.part else where
+
     colour: dict[str, str] = {}
     for _, h in held:
         for s in [s for s in h.by_site if s.phase == "request" and s.site != "other sites"][:HELD_SHOWN]:
-            colour.setdefault(f"{s.site} in {s.function}" if s.function else s.site, greys[len(colour) % len(greys)])
+            colour.setdefault(name(s), greys[len(colour) % len(greys)])
     for x, (_flags, h) in enumerate(held):
         y = 0.0
         if h.resident_bytes is not None and h.request_bytes is not None:
@@ -396,7 +400,7 @@ def held_figure(card: str, held: Sequence[tuple[str, HeldMemory]], capacity_byte
             sites = [s for s in h.by_site if s.phase == "request" and s.site != "other sites"]
             shown = sites[:HELD_SHOWN]
             for s in shown:
-                key = f"{s.site} in {s.function}" if s.function else s.site
+                key = name(s)
                 mid = y + s.bytes / 2
                 y = put(x, y, s.bytes, colour[key], f"request: {clip(key, 70)}")
                 if s.bytes / div > 0.02 * (max(tops) / div):

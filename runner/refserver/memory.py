@@ -127,11 +127,13 @@ class DeviceMemory:
     kv_label = ""
 
     @contextmanager
-    def labelled(self) -> Iterator[None]:
-        if not self.kv_label:
+    def labelled(self, name: str | None = None) -> Iterator[None]:
+        """Allocations inside carry `name` (default: the cache being built, `kv_label`); "" names nothing."""
+        label = self.kv_label if name is None else name
+        if not label:
             yield
             return
-        self._set_label(self.kv_label)
+        self._set_label(label)
         try:
             yield
         finally:

@@ -34,6 +34,7 @@ log = logging.getLogger("refserver")
 
 MAX_ENTRIES = 100_000
 CACHE_NAME = "conditioning cache"  # the metadata the engine puts on its conditioning cache's allocations
+ONLOAD_NAME = "onloaded weights"  # … and on the device copies of offloaded weights (--cpu-offload)
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ def test_counterfactuals_resident_named_largest_request_site_fragmentation() -> 
     h = reading(named=(Named("conditioning cache", "request", 300 * MIB, 60),))
     moves = counterfactuals(h, 200 * MIB)
     assert [m.move.split(" (")[0] for m in moves] == [
-        "the resident set", "the conditioning cache to the host", "the largest request-time allocation",
+        "the resident set", "the conditioning cache off the device", "the largest request-time allocation",
         "the fragmentation"]
     assert [m.frees_bytes for m in moves] == [h.resident_bytes, 300 * MIB, 576 * MIB, 317 * MIB]
     assert all(m.enough for m in moves)
@@ -168,3 +168,18 @@ def test_a_diagnosis_that_failed_elsewhere_than_the_measured_send_says_so() -> N
     assert "another allocation" not in held_sentence("default", with_held(
         MemoryModel(source="nvml", target_references=4, oom=OOM), (Reading("c/x", "oom", 5, None, reading(), None),),
         None))
+
+
+def test_weights_onloaded_for_the_request_are_their_own_move_never_the_largest_activation() -> None:
+    # --cpu-offload: the transformer is copied in per request; those copies are the request's largest blocks
+    onload = Site("runner/refserver/qwen_image/engine.py:76", "onload", "request", 2 * GIB, 32, "onloaded weights")
+    h = reading(by_site=(onload, *reading().by_site), request_bytes=2 * GIB + 720 * MIB,
+                named=(Named("onloaded weights", "request", 2 * GIB, 32),))
+    moves = {m.move.split(" (")[0]: m.frees_bytes for m in counterfactuals(h, 200 * MIB)}
+    assert moves["the onloaded weights off the device"] == 2 * GIB
+    assert moves["the largest request-time allocation"] == 576 * MIB  # the activation, not the weights
+    held = held_memory(h, OOM, None, file="x.pickle", record="c/cpu-offload", references=5)
+    assert held.by_site[0].part == "onloaded weights"
+    text = held_sentence("cpu-offload", MemoryModel(source=None, target_references=4, held=held))
+    assert "largest live allocation was 576.00 MiB at `diffusers/models/activations.py:88 in forward`" in text
+    assert "2.00 GiB of the request's bytes were the server's onloaded weights" in text

@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 from refserver_helpers import Server, chat_body, make_ref
 
+from runner.judge.findings.held import largest_request_site
 from runner.observe import snapshot as S
 
 MIB = 2**20
@@ -63,3 +64,28 @@ def test_without_the_config_there_are_no_endpoints_and_a_bad_config_is_a_usage_e
     bad = Server("bad-config", ["--profiler-config", "{\"profiler\": \"nsys\"}"], tmp_path)
     assert bad.wait_exit(600) == 2
     assert "--profiler-config needs" in bad.log()
+
+
+def test_weights_onloaded_for_the_request_are_named_and_never_its_largest_activation(tmp_path: Path) -> None:
+    # --cpu-offload keeps the transformer on the host and copies it in per request: the copies are request-time
+    # blocks, but chunking cannot shrink them, so the reader must not offer them as the largest activation
+    server = Server("offloaded", ["--arch", "qwen-image", "--preset", "tiny", "--cpu-offload",
+                                  "--vram-gib", str(16 / 1024), "--profiler-config", config(tmp_path)], tmp_path)
+    try:
+        server.ready(timeout=600)
+        httpx.post(server.url + "/start_profile", timeout=30).raise_for_status()
+        assert server.chat(chat_body(refs=[make_ref(0)])).status_code == 200
+        stopped = httpx.post(server.url + "/stop_profile", timeout=30).json()
+    finally:
+        server.stop()
+    # 0: the history was cleared at /start_profile, so every traced block is the request's (as the runner reads it)
+    held = S.read_bytes(Path(stopped["memory_snapshot"]).read_bytes(), request_began_us=0)
+    onloaded = [s for s in held.by_site if s.part == "onloaded weights"]
+    assert onloaded and {s.phase for s in onloaded} == {"request"}
+    assert all(s.site.startswith("runner/refserver/qwen_image/engine.py:") for s in onloaded)
+    named = {n.name: n for n in held.named}
+    assert named["onloaded weights"].bytes == sum(s.bytes for s in onloaded) > 0
+    largest = largest_request_site(held)
+    assert largest is not None and largest.part is None
+    assert largest.bytes <= max(s.bytes for s in onloaded)  # the weights outweigh it: the name sets them apart
+    assert "onload" not in (largest.function or "")

@@ -73,16 +73,19 @@ def _sites(held: Held) -> tuple[HeldSite, ...]:
             acc = rest.setdefault(s.phase, [0, 0])
             acc[0] += s.bytes
             acc[1] += s.blocks
-    top = [HeldSite(site=s.site, function=s.function, phase=s.phase, bytes=s.bytes, blocks=s.blocks)  # type: ignore[arg-type]
-           for s in kept]
+    top = [HeldSite(site=s.site, function=s.function, phase=s.phase, bytes=s.bytes, blocks=s.blocks,  # type: ignore[arg-type]
+                    part=s.part) for s in kept]
     top += [HeldSite(site="other sites", function=None, phase=p, bytes=b, blocks=n)  # type: ignore[arg-type]
             for p, (b, n) in rest.items()]
     return tuple(top)
 
 
 def largest_request_site(held: Held) -> HeldSite | None:
+    """The largest request-time allocation the server did not name: a named part (weights onloaded for the
+    request, a cache) has its own move, and chunking cannot shrink it."""
     return next((HeldSite(site=s.site, function=s.function, phase="request", bytes=s.bytes, blocks=s.blocks)
-                 for s in held.by_site if s.phase == "request" and s.site not in ("no frames recorded",)), None)
+                 for s in held.by_site
+                 if s.phase == "request" and s.part is None and s.site not in ("no frames recorded",)), None)
 
 
 def counterfactuals(held: Held, short: int | None) -> tuple[Counterfactual, ...]:
@@ -91,7 +94,7 @@ def counterfactuals(held: Held, short: int | None) -> tuple[Counterfactual, ...]
     if held.resident_bytes:
         moves.append(("the resident set (weights and what lived before the request) to the host", held.resident_bytes))
     for n in held.named:
-        moves.append((f"the {n.name} to the host", n.bytes))
+        moves.append((f"the {n.name} off the device", n.bytes))
     if (big := largest_request_site(held)) is not None:
         where = f"{big.site} in {big.function}" if big.function else big.site
         moves.append((f"the largest request-time allocation ({where}) off the device (chunked or offloaded)",

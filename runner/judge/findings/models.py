@@ -47,6 +47,8 @@ class HeldSite(Record):
                                                                          "request began; request: by it")
     bytes: int = Field(ge=0)
     blocks: int = Field(ge=0)
+    part: str | None = Field(default=None, description="the server's own name for these blocks (their allocator "
+                                                       "metadata), e.g. 'onloaded weights': not an activation")
 
 
 class NamedPart(Record):

@@ -35,7 +35,7 @@ from runner.refserver.engine import (
 )
 from runner.refserver.memory import AccountedMemory, format_size, make_device_memory
 from runner.refserver.model import _DETERMINISTIC_SDPA, module_bytes
-from runner.refserver.profiler import CACHE_NAME
+from runner.refserver.profiler import CACHE_NAME, ONLOAD_NAME
 from runner.refserver.qwen_image import prefix as pfx
 from runner.refserver.qwen_image.ledger import TensorLedger
 from runner.refserver.qwen_image.model import (
@@ -56,9 +56,10 @@ class HostWeights:
     """Parameters kept in host memory that visit the device on demand: `onload()` swaps in device copies (on
     the CPU, copies made under the ledger, so they count), `offload()` swaps the host ones back."""
 
-    def __init__(self, module: nn.Module, device: torch.device, host: Callable[[], AbstractContextManager[None]]
-                 ) -> None:
+    def __init__(self, module: nn.Module, device: torch.device, host: Callable[[], AbstractContextManager[None]],
+                 labelled: Callable[[], AbstractContextManager[None]] = nullcontext) -> None:
         self.device = device
+        self.labelled = labelled  # the device copies carry ONLOAD_NAME in an allocator snapshot
         self.tensors = [*module.parameters(), *module.buffers()]
         with host():
             self.host = [t.detach().to("cpu", copy=True) for t in self.tensors]
@@ -70,8 +71,9 @@ class HostWeights:
         self.pinned_bytes = self.nbytes if device.type == "cuda" else 0
 
     def onload(self) -> None:
-        for t, h in zip(self.tensors, self.host, strict=True):
-            t.data = h.clone() if self.device.type == "cpu" else h.to(self.device, non_blocking=True)
+        with self.labelled():
+            for t, h in zip(self.tensors, self.host, strict=True):
+                t.data = h.clone() if self.device.type == "cpu" else h.to(self.device, non_blocking=True)
 
     def offload(self) -> None:
         for t, h in zip(self.tensors, self.host, strict=True):
@@ -118,6 +120,10 @@ class QwenEngine:
     def host(self) -> AbstractContextManager[None]:
         return self.ledger.host() if self.ledger is not None else nullcontext()
 
+    def _onload_label(self) -> AbstractContextManager[None]:
+        """Weights brought onto the device for a request are named in a snapshot: they are not activations."""
+        return self.mem.labelled(ONLOAD_NAME if self.profiler else "")
+
     # --- load --------------------------------------------------------------------------------------------
     @torch.no_grad()
     def _load(self) -> nn.Module:
@@ -137,7 +143,7 @@ class QwenEngine:
         self.weight_bytes = module_bytes(model)
         pfx.install(model)
         if cfg.offload == "module":
-            self.visiting = HostWeights(model, self.device, self.host)
+            self.visiting = HostWeights(model, self.device, self.host, self._onload_label)
             self.weights_pinned_bytes = self.visiting.pinned_bytes
         elif cfg.offload == "layerwise":
             self._offload_blocks(model)
@@ -159,7 +165,7 @@ class QwenEngine:
             self.weights_pinned_bytes = sum(module_bytes(b) for b in model.transformer_blocks)
             return
         for block in model.transformer_blocks:
-            weights = HostWeights(block, self.device, self.host)
+            weights = HostWeights(block, self.device, self.host, self._onload_label)
             block.register_forward_pre_hook(lambda _m, _a, w=weights: w.onload())
             block.register_forward_hook(lambda _m, _a, _o, w=weights: w.offload())
 
