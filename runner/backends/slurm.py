@@ -247,7 +247,12 @@ class SlurmLane:
             time.sleep(0.1 if time.time() - submitted < 5 else POLL_S)
         allocated = job.start_time if job.start_time and job.start_time <= time.time() + 1 else time.time()
         node = job.nodes.split(",")[0]
-        address = next((n.address for n in client.nodes() if n.name == node), node)
+        try:
+            address = next((n.address for n in client.nodes() if n.name == node), node)
+        except SlurmError as exc:  # granted, then the controller went away: the job is not left held to exit
+            self._cancel(job_id)
+            raise StartFailed(Failure(kind=FailureClass.LOAD_EXIT, message=f"could not ask Slurm about node {node} "
+                                      f"of job {job_id} ({exc}); the allocation is released")) from None
         alloc = Allocation(job_id, card, options, submitted, max(allocated, submitted), node, address,
                            tuple(reasons), folder / f"slurm-{job_id}.log")
         self._say(card, f"Slurm job {job_id} running on {node} after {alloc.queue_wait_s:.1f} s in the queue")

@@ -88,10 +88,10 @@ def test_sacct_says_when_the_cluster_keeps_no_accounting(slurm: None) -> None:
 
 # --- a controller that does not answer (issue 30 S-2) and the client's configuration (S-3) ---------------
 
-OUTAGE_SQUEUE = """#!/bin/sh
-# squeue while the controller is away, as Slurm 23+ answers it: JSON with an `errors` array
+OUTAGE_SHIM = """#!/bin/sh
+# {command} while the controller is away, as Slurm 23+ answers it: JSON with an `errors` array
 if [ -e "{flag}" ]; then
-  echo '{{"errors": [{{"error": "Unable to contact slurm controller (connect failure)"}}], "jobs": []}}'
+  echo '{{"errors": [{{"error": "Unable to contact slurm controller (connect failure)"}}], "{key}": []}}'
   exit 0
 fi
 exec {real} "$@"
@@ -100,15 +100,17 @@ exec {real} "$@"
 
 @pytest.fixture
 def outage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A flag file: while it exists, `squeue` (first on PATH) answers as during a controller outage."""
+    """A flag file: while it exists, `squeue` (first on PATH) answers as during a controller outage; so does
+    `sinfo` while a second flag, `<flag>-sinfo`, exists."""
     import shutil
 
-    real, flag = shutil.which("squeue"), tmp_path / "controller-away"
-    shim = tmp_path / "bin" / "squeue"
-    shim.parent.mkdir()
-    shim.write_text(OUTAGE_SQUEUE.format(flag=flag, real=real))
-    shim.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{shim.parent}:{os.environ['PATH']}")
+    flag, bin_dir = tmp_path / "controller-away", tmp_path / "bin"
+    bin_dir.mkdir()
+    for command, key, when in (("squeue", "jobs", flag), ("sinfo", "nodes", f"{flag}-sinfo")):
+        shim = bin_dir / command
+        shim.write_text(OUTAGE_SHIM.format(command=command, flag=when, key=key, real=shutil.which(command)))
+        shim.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setattr(client, "OUTAGE_POLL_S", 0.2, raising=False)
     return flag
 
@@ -144,6 +146,27 @@ def test_a_longer_outage_is_one_line_and_the_lanes_allocation_is_released(tag: s
     assert f"job {alloc.job_id}" in failed.value.failure.message and "released" in failed.value.failure.message
     outage.unlink()
     wait_for(lambda: not client.job(alloc.job_id).active, timeout_s=30)  # type: ignore[union-attr]
+    assert "c" not in lane.allocations
+
+
+def test_an_outage_once_the_job_runs_releases_it_with_one_line(tag: str, outage: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # Granted, then the controller is away when the lane asks for the node's address: before, a SlurmError
+    # escaped and the job stayed held until the runner exited
+    from runner.backends.base import StartFailed
+    from runner.backends.slurm import SlurmLane
+    from runner.core.registry import SlurmOptions
+
+    monkeypatch.setattr(client, "OUTAGE_S", 1.0, raising=False)
+    Path(f"{outage}-sinfo").touch()
+    lane = SlurmLane("c", tag)
+    with pytest.raises(StartFailed) as failed:
+        lane.allocation("c", SlurmOptions(partition="debug", gres="gpu:rtx3090:1", time_limit="5"), tmp_path / "c")
+    message = failed.value.failure.message
+    assert "could not ask Slurm about node" in message and "released" in message and "\n" not in message
+    job_id = int(message.split("of job ")[1].split(" ")[0])
+    Path(f"{outage}-sinfo").unlink()
+    wait_for(lambda: (job := client.job(job_id)) is None or not job.active, timeout_s=30)
     assert "c" not in lane.allocations
 
 
