@@ -164,16 +164,18 @@ def read_record(path: Path) -> dict[str, Any]:
 class RunStore:
     """Reads skip a file that is not a readable record, with one warning line naming it (once per file): one
     bad file must not make a run unresumable or unreportable. A step that was skipped is simply pending again
-    (a resume writes it anew); a step record counts only where its key matches its path, so a copied file
-    (`… (copy).json`) is never counted twice."""
+    (a resume writes it anew, the unreadable file kept beside as `<name>.json.skipped`); a step record counts
+    only where its key matches its path, so a copied file (`… (copy).json`) is never counted twice."""
 
     def __init__(self, root: Path, warn: Any = None) -> None:
         self.root = root
         self._warn = warn or (lambda line: print(line, file=sys.stderr))
         self._warned: set[str] = set()
+        self._unreadable: set[Path] = set()  # skipped files: a step written anew keeps them beside, never over
         self._memory_t: dict[tuple[str, int], dict[tuple[str, str], float]] = {}  # last t written per series
 
     def skipped(self, path: Path, why: str) -> None:
+        self._unreadable.add(path)
         line = f"runner: warning: skipping {path}: {why}"
         if line not in self._warned:
             self._warned.add(line)
@@ -200,9 +202,15 @@ class RunStore:
         write_json(self.root / "run.json", doc)
 
     def write_step(self, record: StepRecord, png: bytes | None = None) -> None:
+        path = self.step_path(record.key)
+        if path in self._unreadable and path.exists():  # a hand-edited file: the user's bytes are not ours to drop
+            kept = path.with_name(path.name + ".skipped")
+            path.replace(kept)
+            self._unreadable.discard(path)
+            self._warn(f"runner: warning: {path} was not a readable record: kept as {kept.name}, the step sent again")
         if png is not None:
             atomic_write(inside(self.root, f"{record.key}.png"), png)
-        write_json(self.step_path(record.key), record.model_dump(mode="json"))
+        write_json(path, record.model_dump(mode="json"))
 
     def write_verdicts(self, verdicts: list[dict[str, Any]]) -> None:
         write_json(self.root / "verdict.json", {"run_id": self.load_run()["run_id"], "verdicts": verdicts})

@@ -406,6 +406,31 @@ def test_an_edited_record_is_skipped_with_one_line_and_the_report_written(finish
     assert "NaN" not in verdict and "Infinity" not in verdict
 
 
+@pytest.mark.parametrize("edit", ["deep", "zero-sample", "huge-count"])
+def test_resume_over_an_edited_record_skips_it_with_one_line_and_finishes(finished_run: Path, tmp_path: Path,
+                                                                          edit: str) -> None:
+    # issue 30 R-1 under --resume: the same edits that crashed `runner report` crashed the resume's reading
+    text = {"deep": "[" * 200_000 + "]" * 200_000,
+            "zero-sample": _ok_record(finished_run, wall_samples_s=[0.0, 0.5]),
+            "huge-count": _ok_record(finished_run, references=10**400)}[edit]
+    run = tmp_path / "box" / "run"
+    shutil.copytree(finished_run, run)
+    edited = run / "c/default/refs-1/one-seed-1.json"  # a step of the plan
+    text = text.replace("two-seed-1", "one-seed-1").replace('"fixture": "two"', '"fixture": "one"')
+    edited.write_text(text)
+    proc = subprocess.run([sys.executable, "-m", "runner", str(finished_run.parent.parent / "matrix.toml"),
+                           "--resume", str(run), "--no-progress"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    skipped = [ln for ln in proc.stderr.splitlines() if "skipping" in ln]
+    assert len(skipped) == 1 and str(edited) in skipped[0], proc.stderr
+    assert "one-seed-1: ok" in proc.stderr  # sent again ...
+    assert json.loads(edited.read_text())["status"] == "ok"
+    kept = edited.with_name("one-seed-1.json.skipped")  # ... and the edited bytes kept beside, named in a line
+    assert kept.read_text() == text
+    assert any("kept as one-seed-1.json.skipped" in ln for ln in proc.stderr.splitlines())
+    assert (run / "report.md").exists() and (run / "verdict.json").exists()
+
+
 def test_a_file_where_the_plots_folder_goes_is_one_line(finished_run: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
