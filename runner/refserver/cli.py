@@ -248,7 +248,6 @@ def main(argv: list[str] | None = None) -> int:
     from runner.refserver.app import create_app
     from runner.refserver.engine import AnyEngine, Engine, configure_torch
     from runner.refserver.memory import as_raised_by_allocator, is_oom
-    from runner.refserver.qwen_image.engine import QwenEngine
 
     configure_torch(config)  # sets allocator/cuBLAS environment, so before anything touches CUDA
     if config.device.startswith("cuda") and not torch.cuda.is_available():

@@ -535,7 +535,12 @@ def configure_torch(config: ServerConfig) -> None:
         if config.arch == "dit":
             os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     torch.set_num_threads(config.threads if config.threads else (1 if config.device == "cpu" else 4))
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    # The eager-mode switch alone: the public torch.use_deterministic_algorithms also imports torch._inductor to
+    # set its flag (1.3 s of CPU at every server start; the refserver never compiles).
+    if hasattr(torch._C, "_set_deterministic_algorithms"):
+        torch._C._set_deterministic_algorithms(True, warn_only=True)
+    else:
+        torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def png_bytes(img: Image.Image) -> bytes:

@@ -168,9 +168,11 @@ class RefServerDiT(nn.Module):
         d = p.dim
         self.pos_dims = min(16, d // p.heads // 2) // 4 * 4  # head dims that carry position features
         self.tok_dim = p.latent_channels * p.patch**2
-        self.text_embed = nn.Embedding(p.vocab, d)
+        # Built on the meta device and initialised by init_unit: an Embedding given its (empty) weight skips its
+        # own normal_ init, which on meta tensors imports torch._dynamo (1.3 s of CPU at every server start).
+        self.text_embed = nn.Embedding(p.vocab, d, _weight=torch.empty(p.vocab, d))
         self.ref_in = nn.Linear(3 * p.ref_patch_px**2, d)
-        self.ref_slot = nn.Embedding(p.max_refs, d)  # which reference slot: order matters
+        self.ref_slot = nn.Embedding(p.max_refs, d, _weight=torch.empty(p.max_refs, d))  # slot: order matters
         self.latent_in = nn.Linear(self.tok_dim, d)
         self.t_fc1, self.t_fc2 = nn.Linear(T_FREQ_DIM, d), nn.Linear(d, d)
         self.blocks = nn.ModuleList(Block(d, p.heads, p.mlp_ratio) for _ in range(p.layers))
