@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -113,11 +114,17 @@ def port_busy(host: str, port: int) -> str | None:
     return f"port {port} is in use by {who}"
 
 
+# Listing a server's processes reads every process's /proc entry: once a second, not at every host sample
+# (a worker started since is counted from the next listing on).
+TREE_REFRESH_S = 1.0
+
+
 class LocalServer(RunningServer):
     proc: subprocess.Popen[bytes] | None = None  # the supervisor (group leader); the server is its child
     argv: tuple[str, ...] = ()  # the command of this start (the plan's, its port filled in)
     _record: Path | None = None
     _lifeline: int | None = None  # write end of the supervisor's pipe; closing it stops the server
+    _tree: tuple[list[psutil.Process], float] | None = None  # the server's processes and when they were listed
 
     def start(self) -> None:
         # The profile's fixed port must be free (never measure someone else's server); port 0: a free one
@@ -204,11 +211,17 @@ class LocalServer(RunningServer):
     def host_memory_bytes(self) -> int | None:
         if self.proc is None or self.proc.poll() is not None:
             return None
-        try:  # the server and its workers, not the supervisor
-            procs = psutil.Process(self.proc.pid).children(recursive=True)
-            return sum(p.memory_info().rss for p in procs) if procs else None
-        except psutil.Error:
-            return None
+        now = time.monotonic()
+        if self._tree is None or now - self._tree[1] >= TREE_REFRESH_S:
+            try:  # the server and its workers, not the supervisor
+                self._tree = psutil.Process(self.proc.pid).children(recursive=True), now
+            except psutil.Error:
+                return None
+        rss = []
+        for p in self._tree[0]:
+            with contextlib.suppress(psutil.Error):  # a worker that ended since the listing
+                rss.append(p.memory_info().rss)
+        return sum(rss) if rss else None
 
     def info(self) -> dict[str, Any]:
         return {"pid": self.proc.pid if self.proc else None, "argv": list(self.argv)}
