@@ -69,10 +69,10 @@ class ExampleRun:
     run_dir: Path
 
 
-# Under pytest-xdist (`-n N --dist loadgroup`; scripts/test.sh is still serial, issue 32) a session fixture is
-# made once per worker, so the tests that use a costly one go to one worker and it is made once: the group
-# follows the fixture, not a list of files that would go stale. pytest 9.2 with pytest-xdist 3.8 drops every
-# group (pytest-xdist #1386; docs/benchmarks.md), so the marks take effect only once that is fixed or pinned.
+# Under pytest-xdist (scripts/test.sh: `-n N --dist loadgroup`) a session fixture is made once per worker, so
+# the tests that use a costly one go to one worker and it is made once: the group follows the fixture, not a
+# list of files that would go stale. pytest 9.2 drops every group silently (pytest-xdist #1386), hence the
+# dev extra's pytest < 9.2.
 GROUP_BY_FIXTURE = {
     "local_example": "local-example",  # one run of examples/local.toml (minutes)
     "fleet": "refserver-fleet",  # tests/refserver: eleven reference servers started at once
