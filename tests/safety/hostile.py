@@ -26,6 +26,10 @@ Findings modes (issue 30): an OOM with hostile figures or logs, HTTP 500 in a re
   load-oom-others a load OOM within the stated capacity (other processes hold the rest)
   oom-markup    the site is `vllm_omni/__init__.py` in `_x_`, a caller under `~~gone~~`
   oom-body      the OOM only in the 500's body, the log silent
+Auto-repeat modes (issue 30 A-1, A-2): wall times a latency ratio must survive (counted per server start):
+  oom-at-2      a request with two or more references is the OOM of oom-body; one reference is served
+  spike         answers after 0.01 s, but its second request after 0.4 s (40x: the first top-up send)
+  wide          answers after 0.02 s and 1.0 s in turn: a ratio no number of repeats bounds
 `--metrics V` serves /metrics with `refserver_device_memory_bytes V` (V as given: NaN, +Inf, -5e9, 1e30...).
 """
 
@@ -114,6 +118,16 @@ def chat(url: str) -> bytes:
                        }).encode()
 
 
+def references(body: bytes) -> int:
+    """The image parts of a chat request's messages."""
+    try:
+        messages = json.loads(body)["messages"]
+        return sum(1 for m in messages for part in m.get("content") or () if isinstance(part, dict)
+                   and part.get("type") == "image_url")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return 0
+
+
 def gzip_bomb(size: int = 256 * 2**20) -> bytes:
     z = zlib.compressobj(1, zlib.DEFLATED, 31)  # gzip container
     block = bytes(2**20)
@@ -123,6 +137,7 @@ def gzip_bomb(size: int = 256 * 2**20) -> bytes:
 class Handler(BaseHTTPRequestHandler):
     mode = "ok"
     metrics: str | None = None
+    posts = 0  # requests answered by this server start
     protocol_version = "HTTP/1.1"
 
     def log_message(self, fmt: str, *args: object) -> None:  # keep the log for what the modes print
@@ -160,9 +175,16 @@ class Handler(BaseHTTPRequestHandler):
             self._send(404, b"{}")
 
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         token = os.environ.get("HF_TOKEN", "")
         mode = self.mode
+        Handler.posts += 1
+        if mode == "spike":
+            time.sleep(0.4 if Handler.posts == 2 else 0.01)
+        elif mode == "wide":
+            time.sleep(1.0 if Handler.posts % 2 == 0 else 0.02)
+        if mode == "oom-at-2" and references(body) > 1:
+            mode = "oom-body"
         if mode == "drip":
             self._drip(chat("data:image/png;base64," + base64.b64encode(small_png()).decode()))
         elif mode == "huge":
