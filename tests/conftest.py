@@ -80,10 +80,24 @@ GROUP_BY_FIXTURE = {
 }
 
 
+def xdist_group(item: pytest.Item) -> str | None:
+    """The named costly fixture's group; else the module's own, when the test uses a module-scoped fixture: such
+    a module's tests share (and often build on) its state, so they run in order on one worker."""
+    names = getattr(item, "fixturenames", ())
+    group = next((g for f, g in GROUP_BY_FIXTURE.items() if f in names), None)
+    if group is not None:
+        return group
+    info = getattr(item, "_fixtureinfo", None)  # pytest's record of the item's fixture definitions
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    if any(d and d[-1].scope == "module" for d in defs):
+        return f"module:{item.nodeid.split('::')[0]}"
+    return None
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the marks (it would see none after)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        group = next((g for f, g in GROUP_BY_FIXTURE.items() if f in getattr(item, "fixturenames", ())), None)
+        group = xdist_group(item)
         if group is not None and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(group))
 

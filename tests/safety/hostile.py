@@ -28,7 +28,7 @@ Findings modes (issue 30): an OOM with hostile figures or logs, HTTP 500 in a re
   oom-body      the OOM only in the 500's body, the log silent
 Auto-repeat modes (issue 30 A-1, A-2): wall times a latency ratio must survive (counted per server start):
   oom-at-2      a request with two or more references is the OOM of oom-body; one reference is served
-  spike         answers after 0.01 s, but its second request after 0.4 s (40x: the first top-up send)
+  spike         answers after 0.2 s and 0.02 s in turn (a ratio auto must top up), every fifth after 2 s (~40x)
   wide          answers after 0.02 s and 1.0 s in turn: a ratio no number of repeats bounds
 `--metrics V` serves /metrics with `refserver_device_memory_bytes V` (V as given: NaN, +Inf, -5e9, 1e30...).
 """
@@ -180,7 +180,7 @@ class Handler(BaseHTTPRequestHandler):
         mode = self.mode
         Handler.posts += 1
         if mode == "spike":
-            time.sleep(0.4 if Handler.posts == 2 else 0.01)
+            time.sleep(2.0 if Handler.posts % 5 == 0 else 0.2 if Handler.posts % 2 else 0.02)
         elif mode == "wide":
             time.sleep(1.0 if Handler.posts % 2 == 0 else 0.02)
         if mode == "oom-at-2" and references(body) > 1:

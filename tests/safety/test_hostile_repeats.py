@@ -78,9 +78,11 @@ def test_a_40x_top_up_send_at_max_repeats_100_ends_in_a_verdict_and_a_report(tmp
     report = (run / "report.md").read_text()
     assert verdict["world"] in ("offload-works", "undecided", "not-built"), verdict["reason"]
     assert unreadable(verdict["reason"]) == [] and unreadable(report) == [], verdict["reason"]
-    walls = [w for p in sorted((run / "a1-spike" / "offl" / "refs-1").glob("*.json"))
-             for w in json.loads(p.read_text())["wall_samples_s"]]
-    assert max(walls) / min(walls) > 10, walls  # the spike was sent, timed and kept
+    samples = [json.loads(p.read_text())["wall_samples_s"]
+               for p in sorted((run / "a1-spike" / "offl" / "refs-1").glob("*.json"))]
+    walls = [w for s in samples for w in s]
+    assert max(len(s) for s in samples) > 1, samples  # the ratio was open: auto topped it up ...
+    assert max(walls) / min(walls) > 20, walls  # ... and a ~40x send was timed and kept
 
 
 def test_a_ratio_still_open_at_max_repeats_is_undecided_without_rerun_advice(tmp_path: Path) -> None:
