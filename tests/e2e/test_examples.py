@@ -82,5 +82,9 @@ def test_the_not_built_card_says_what_held_the_memory(local_example: ExampleRun)
     assert load.count(".pickle`") == 4 and "moving the resident set" in load
     offload = next(ln for ln in held.splitlines() if ln.startswith("- 'cpu-offload': at the 4-reference OOM"))
     assert "the request's largest live allocation was" in offload and "Against a shortfall of at least" in offload
+    # the transformer copied in for the request is named as such, never offered as an activation to chunk
+    largest = offload.split("largest live allocation was")[1].split(";")[0]
+    assert "in onload`" not in largest and "of the request's bytes were the server's onloaded weights" in offload
+    assert "moving the onloaded weights off the device frees" in offload
     assert {p.name for p in (local_example.run_dir / "plots").glob("*-held.png")} == {"cpu-tight-held.png",
                                                                                      "cpu-tiny-held.png"}
