@@ -78,15 +78,21 @@ GROUP_BY_FIXTURE = {
     "fleet": "refserver-fleet",  # tests/refserver: eleven reference servers started at once
     "slurm": "slurm",  # the one stand-in node's gres: a second test's job would pend behind the first's
 }
+# Every docker run reaps the engine's containers whose owner is dead, and tests/docker makes such containers
+# on purpose to watch one reap: run side by side, one test's run reaped another's (CI, 2026-12-03).
+GROUP_BY_FOLDER = {"tests/docker/": "docker-engine"}
 
 
 def xdist_group(item: pytest.Item) -> str | None:
-    """The named costly fixture's group; else the module's own, when the test uses a module-scoped fixture: such
+    """The named costly fixture's group; else its folder's; else the module's own, when the test uses a module-scoped fixture: such
     a module's tests share (and often build on) its state, so they run in order on one worker."""
     names = getattr(item, "fixturenames", ())
     group = next((g for f, g in GROUP_BY_FIXTURE.items() if f in names), None)
     if group is not None:
         return group
+    folder = next((g for f, g in GROUP_BY_FOLDER.items() if item.nodeid.startswith(f)), None)
+    if folder is not None:
+        return folder
     info = getattr(item, "_fixtureinfo", None)  # pytest's record of the item's fixture definitions
     defs = info.name2fixturedefs.values() if info is not None else ()
     if any(d and d[-1].scope == "module" for d in defs):

@@ -267,7 +267,8 @@ class DockerServer(RunningServer):
         if previous is not None and not dead and previous != owner.me():
             raise ValueError(f"a container named {name} exists and belongs to another run ({why}); "
                              f"not touching it")
-        old.remove(force=True)
+        with contextlib.suppress(NotFound):  # its dead owner's reaper may have been quicker
+            old.remove(force=True)
 
     def _read_port(self) -> int | None:
         """The engine assigns the host port at start; a container that already exited has none."""
@@ -440,7 +441,7 @@ def reap(docker_host: str | None, keep_run: str | None = None) -> list[tuple[str
     client = connect(docker_host)
     notes = []
     try:
-        for c in client.containers.list(all=True, filters={"label": f"{MANAGED}=true"}):
+        for c in client.containers.list(all=True, filters={"label": f"{MANAGED}=true"}, ignore_removed=True):
             if c.labels.get(MANAGED) != "true" or (keep_run and c.labels.get("runner.run") == keep_run):
                 continue
             dead, why = owner.owner_state(c.labels)

@@ -35,7 +35,7 @@ def labels(run_id: str, flags: str = "t", attempt: int = 0) -> dict[str, str]:
 
 def leftovers(client: docker.DockerClient) -> list[str]:
     """Managed containers of these tests still on the engine (running or not)."""
-    found = client.containers.list(all=True, filters={"label": "runner.managed=true"})
+    found = client.containers.list(all=True, filters={"label": "runner.managed=true"}, ignore_removed=True)
     return [c.name for c in found if c.labels.get("runner.run", "").startswith(RUN_PREFIX)]
 
 

@@ -3,6 +3,7 @@ helpers that decide addresses, mounts and GPUs."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import time
 
@@ -45,7 +46,7 @@ def wait_for(predicate, timeout: float = 20.0, step: float = 0.1) -> bool:
 
 
 def gone(client: docker.DockerClient, name: str) -> bool:
-    return not client.containers.list(all=True, filters={"name": f"^/{name}$"})
+    return not client.containers.list(all=True, filters={"name": f"^/{name}$"}, ignore_removed=True)
 
 
 # --- against the engine ---------------------------------------------------------------------------------
@@ -196,6 +197,32 @@ def test_reap_removes_only_managed_containers(docker_client, base_image):
     finally:
         for c in (current, unmanaged, no_owner):
             c.remove(force=True)
+
+
+@pytest.mark.docker
+def test_reap_survives_a_container_removed_while_it_lists(docker_client, base_image, monkeypatch):
+    """Another runner on the same engine removes a container between reap's list and its inspect of it (the
+    race seen when tests ran in parallel): reap goes on with the rest instead of raising NotFound."""
+    dead = {**labels(new_run_id()), **dead_owner_labels()}
+    vanishing = docker_client.containers.run(base_image, "sleep 60", labels=dead, detach=True)
+    staying = docker_client.containers.run(base_image, "sleep 60", labels=dead, detach=True)
+    inspect = docker.api.client.APIClient.inspect_container
+
+    def removed_first(api, container_id):  # the other runner wins the race for this one container
+        if container_id == vanishing.id:
+            api.remove_container(container_id, force=True)
+        return inspect(api, container_id)
+
+    monkeypatch.setattr(docker.api.client.APIClient, "inspect_container", removed_first)
+    try:
+        notes = {name: removed for name, removed, _ in reap(None)}
+        assert notes.get(staying.name) is True and vanishing.name not in notes
+        assert gone(docker_client, vanishing.name) and gone(docker_client, staying.name)
+    finally:
+        monkeypatch.undo()
+        for c in (vanishing, staying):
+            with contextlib.suppress(docker.errors.NotFound):
+                c.remove(force=True)
 
 
 @pytest.mark.docker

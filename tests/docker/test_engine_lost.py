@@ -96,7 +96,7 @@ class TermSecondRequest(Events):
             time.sleep(0.05)
         filters = {"label": ["runner.managed=true", f"runner.run={self.run_id}", "runner.flags=default",
                              "runner.attempt=0"]}
-        for c in self.client.containers.list(filters=filters):
+        for c in self.client.containers.list(filters=filters, ignore_removed=True):
             c.kill(signal="SIGTERM")
             self.sent.append(c.name)
 
@@ -283,6 +283,6 @@ def test_the_engine_going_away_mid_run_loses_one_lane_only_and_resume_finishes(
         if proc.poll() is None:
             proc.kill()
         relay.close()
-        for c in docker_client.containers.list(all=True, filters={"label": "runner.managed=true"}):
+        for c in docker_client.containers.list(all=True, filters={"label": "runner.managed=true"}, ignore_removed=True):
             if run_id and c.labels.get("runner.run") == run_id:
                 c.remove(force=True)

@@ -42,7 +42,7 @@ class Run:
 
 
 def status(client, name: str) -> str | None:  # type: ignore[no-untyped-def]
-    found = client.containers.list(all=True, filters={"name": f"^/{name}$"})
+    found = client.containers.list(all=True, filters={"name": f"^/{name}$"}, ignore_removed=True)
     return found[0].status if found else None
 
 
@@ -67,5 +67,5 @@ def test_concurrent_runs_never_touch_each_other(docker_client, base_image, tmp_p
         b.stop()
         a.stop()
         for name in (a.name, b.name):
-            for c in docker_client.containers.list(all=True, filters={"name": f"^/{name}$"}):
+            for c in docker_client.containers.list(all=True, filters={"name": f"^/{name}$"}, ignore_removed=True):
                 c.remove(force=True)

@@ -83,7 +83,7 @@ class KillSecondRequest(Events):
             time.sleep(0.05)
         filters = {"label": ["runner.managed=true", f"runner.run={self.run_id}", "runner.flags=killed",
                              "runner.attempt=0"]}
-        for c in self.client.containers.list(filters=filters):
+        for c in self.client.containers.list(filters=filters, ignore_removed=True):
             c.kill()
             self.killed.append(c.name)
 

@@ -61,7 +61,7 @@ references = [1]
 
 
 def containers(client: docker.DockerClient, name: str) -> list[str]:
-    found = client.containers.list(all=True, filters={"label": "runner.managed=true"})
+    found = client.containers.list(all=True, filters={"label": "runner.managed=true"}, ignore_removed=True)
     return [c.name for c in found if c.labels.get("runner.run", "").startswith(name)]
 
 

@@ -129,7 +129,7 @@ def test_refserver_over_ssh(docker_client, refserver_image, sshd, tmp_path):
         assert "Uvicorn running" in server.read_log()  # log streamed over the ssh connection too
     finally:
         server.stop()
-    assert not docker_client.containers.list(all=True, filters={"name": f"^/{spec.name}$"})
+    assert not docker_client.containers.list(all=True, filters={"name": f"^/{spec.name}$"}, ignore_removed=True)
     # Really through sshd, with the throwaway key (not silently the local socket).
     assert "Accepted publickey for root" in sshd.log.read_text()
 
@@ -142,5 +142,5 @@ def test_reap_over_ssh(docker_client, base_image, sshd):
     try:
         assert (stale.name, True) in [(n, removed) for n, removed, _ in reap(sshd.docker_host)]
     finally:
-        if docker_client.containers.list(all=True, filters={"id": stale.id}):
+        if docker_client.containers.list(all=True, filters={"id": stale.id}, ignore_removed=True):
             stale.remove(force=True)
