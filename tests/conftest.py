@@ -84,8 +84,9 @@ GROUP_BY_FOLDER = {"tests/docker/": "docker-engine"}
 
 
 def xdist_group(item: pytest.Item) -> str | None:
-    """The named costly fixture's group; else its folder's; else the module's own, when the test uses a module-scoped fixture: such
-    a module's tests share (and often build on) its state, so they run in order on one worker."""
+    """The named costly fixture's group; else its folder's; else the module's own, when the test uses a
+    module-scoped fixture: such a module's tests share (and often build on) its state, so they run in order on
+    one worker."""
     names = getattr(item, "fixturenames", ())
     group = next((g for f, g in GROUP_BY_FIXTURE.items() if f in names), None)
     if group is not None:
