@@ -74,17 +74,19 @@ def test_seed_emulated_example_reads_at_a_glance(tmp_path: Path) -> None:
 def test_the_not_built_card_says_what_held_the_memory(local_example: ExampleRun) -> None:
     """Issue 27 on the embedded default: cpu-tiny's Findings read the diagnosis passes' snapshots. The four flag
     sets that fail the same load share one reading with each snapshot file; cpu-offload's request OOM names the
-    request's largest live allocation by its site and says what moving it would buy."""
+    request's largest live allocation by its site, and says what moving it, or the conditioning cache, would buy."""
     report = (local_example.run_dir / "report.md").read_text()
     tiny = report[report.index("## cpu-tiny"):]
     held = tiny[tiny.index("What held the memory"):tiny.index("### Evidence")]
     load = next(ln for ln in held.splitlines() if "(the same reading): at load" in ln)
     assert load.count(".pickle`") == 4 and "moving the resident set" in load
-    offload = next(ln for ln in held.splitlines() if ln.startswith("- 'cpu-offload': at the 4-reference OOM"))
+    offload = next(ln for ln in held.splitlines() if ln.startswith("- 'cpu-offload': at the 3-reference OOM"))
     assert "the request's largest live allocation was" in offload and "Against a shortfall of at least" in offload
     # the transformer copied in for the request is named as such, never offered as an activation to chunk
     largest = offload.split("largest live allocation was")[1].split(";")[0]
     assert "in onload`" not in largest and "of the request's bytes were the server's onloaded weights" in offload
     assert "moving the onloaded weights off the device frees" in offload
+    cache = offload.split("of the request's bytes were the server's conditioning cache")[0].rsplit("; ", 1)[1]
+    assert cache.endswith(("KiB", "MiB")) and "moving the conditioning cache off the device frees " + cache in offload
     assert {p.name for p in (local_example.run_dir / "plots").glob("*-held.png")} == {"cpu-tight-held.png",
                                                                                      "cpu-tiny-held.png"}
