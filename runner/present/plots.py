@@ -367,15 +367,84 @@ def held_figure(card: str, held: Sequence[tuple[str, HeldMemory]], capacity_byte
     """What held the memory at each flag set's OOM (allocator snapshot): one stacked bar per flag set —
     resident before the request, the request's largest sites, the rest of the request, inactive bytes in
     segments (fragmentation), what the process held outside PyTorch's allocator (the CUDA context; from the OOM
-    message), the failed allocation on top (hatched) — against the card's capacity line."""
+    message), the failed allocation on top (hatched) — against the card's capacity line. Where the resident
+    set is most of every bar (a real model's weights: 21.6 of 24 GiB), a second panel shows the bars' tops
+    zoomed, so the request's sites can be read."""
     if not held:
         return None
     tops = [h.reserved_bytes + (h.outside_pytorch_bytes or 0) + (h.tried_bytes or 0) for _, h in held]
-    div, unit = unit_for(max([*tops, capacity_bytes, 1]))
-    fig, ax = plt.subplots(figsize=(max(5.5, 2.0 + 1.9 * len(held)), 4.6))
-    greys = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#ccb974", "#64b5cd",
-             "#1b9e77", "#e7298a", "#66a61e"]
+    ceiling = max([*tops, capacity_bytes, 1])
+    div, unit = unit_for(ceiling)
+    floor = zoom_floor(held, ceiling)
+    width = max(5.5, 2.0 + 1.9 * len(held))
+    if floor is None:
+        fig, ax = plt.subplots(figsize=(width, 4.6))
+        axes = [(ax, 0.0, ceiling)]
+    else:
+        fig, (ax, zoom) = plt.subplots(1, 2, figsize=(2 * width - 1.5, 4.6))
+        axes = [(ax, 0.0, ceiling), (zoom, floor, ceiling)]
+    colours = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#ccb974", "#64b5cd",
+               "#1b9e77", "#e7298a", "#66a61e"]
+    colour: dict[str, str] = {}  # one colour per site across the card's bars: a legend entry means one site
+    for _, h in held:
+        for s in [s for s in h.by_site if s.phase == "request" and s.site != "other sites"][:HELD_SHOWN]:
+            colour.setdefault(_site_name(s), colours[len(colour) % len(colours)])
     legend: dict[str, Patch] = {}
+    for a, lo, hi in axes:
+        _held_bars(a, held, div, lo, hi, colour, legend)
+        a.axhline(capacity_bytes / div, color="black", ls=":", lw=1)
+        a.set_xticks(range(len(held)))
+        a.set_xticklabels([f"{f}\n{'load' if h.references is None else str(h.references) + ' ref'} {h.at}"
+                           for f, h in held], fontsize=8)
+        a.set_xlim(-0.6, len(held) - 0.4)
+        a.grid(alpha=0.25, axis="y")
+    ax.set_ylabel(f"device memory at the OOM ({unit})")
+    title = f"{card}: what held the memory at each OOM (allocator snapshot)"
+    if floor is None:
+        ax.set_title(title, fontsize=10)
+    else:
+        fig.suptitle(title, fontsize=10)
+        ax.set_title("the whole card", fontsize=9)
+        zoom = axes[1][0]
+        zoom.set_ylim(floor / div, ceiling * 1.04 / div - floor * 0.04 / div)
+        zoom.set_title(f"the top of the same bars, from {fmt_bytes(floor)} up", fontsize=9)
+    legend[f"capacity {fmt_bytes(capacity_bytes)}"] = Line2D([], [], color="black", ls=":", lw=1)  # type: ignore[assignment]
+    parts = ("resident", "held", "request: ", "request: every other site", "inactive", "outside", "the allocation",
+             "capacity")
+
+    def rank(label: str) -> int:  # the legend in the bars' order, bottom to top (sites in first-seen order)
+        return 3 if label == parts[3] else next((i for i, p in enumerate(parts) if label.startswith(p)), len(parts))
+
+    names = sorted(legend, key=rank)
+    axes[-1][0].legend([legend[k] for k in names], names, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                       borderaxespad=0)
+    return fig
+
+
+ZOOM_WHEN_RESIDENT_ABOVE = 0.6  # of the chart's height: below it the request's part is already readable
+
+
+def zoom_floor(held: Sequence[tuple[str, HeldMemory]], ceiling: float) -> float | None:
+    """Where a zoomed panel starts: a little under the smallest resident set, when every bar's resident set is
+    most of the chart; else None (one panel says it all)."""
+    bases = [h.resident_bytes if h.resident_bytes is not None and h.request_bytes is not None else h.active_bytes
+             for _, h in held]
+    base = min(bases)
+    if base < ZOOM_WHEN_RESIDENT_ABOVE * ceiling:
+        return None
+    return max(0.0, base - 0.1 * (ceiling - base))
+
+
+def _site_name(s: HeldSite) -> str:
+    """A part the server named (weights onloaded for the request, its conditioning cache) says so first."""
+    where = f"{s.site} in {s.function}" if s.function else s.site
+    return f"{s.part}: {where}" if s.part else where
+
+
+def _held_bars(ax: plt.Axes, held: Sequence[tuple[str, HeldMemory]], div: float, lo: float, hi: float,
+               colour: dict[str, str], legend: dict[str, Patch]) -> None:
+    """The stacked bars on one panel whose visible range is lo..hi bytes (a part's size is written beside it
+    where it is at least 2 % of that range)."""
 
     def put(x: int, bottom: float, value: float, color: str, label: str, hatch: str | None = None) -> float:
         if value <= 0:
@@ -384,26 +453,16 @@ def held_figure(card: str, held: Sequence[tuple[str, HeldMemory]], capacity_byte
         legend.setdefault(label, Patch(facecolor=color, edgecolor="black", hatch=hatch, label=label))
         return bottom + value
 
-    # one colour per site across the card's bars, so a legend entry means the same site in every bar
-    def name(s: HeldSite) -> str:  # a part the server named (weights onloaded for the request) says so first
-        where = f"{s.site} in {s.function}" if s.function else s.site
-        return f"{s.part}: {where}" if s.part else where
-
-    colour: dict[str, str] = {}
-    for _, h in held:
-        for s in [s for s in h.by_site if s.phase == "request" and s.site != "other sites"][:HELD_SHOWN]:
-            colour.setdefault(name(s), greys[len(colour) % len(greys)])
     for x, (_flags, h) in enumerate(held):
         y = 0.0
         if h.resident_bytes is not None and h.request_bytes is not None:
             y = put(x, y, h.resident_bytes, "#9aa5b1", "resident before the request (weights, caches)")
-            sites = [s for s in h.by_site if s.phase == "request" and s.site != "other sites"]
-            shown = sites[:HELD_SHOWN]
+            shown = [s for s in h.by_site if s.phase == "request" and s.site != "other sites"][:HELD_SHOWN]
             for s in shown:
-                key = name(s)
+                key = _site_name(s)
                 mid = y + s.bytes / 2
                 y = put(x, y, s.bytes, colour[key], f"request: {clip(key, 70)}")
-                if s.bytes / div > 0.02 * (max(tops) / div):
+                if s.bytes > 0.02 * (hi - lo) and lo <= mid <= hi:
                     ax.text(x + 0.3, mid / div, fmt_bytes(s.bytes), fontsize=6, va="center")
             y = put(x, y, h.request_bytes - sum(s.bytes for s in shown), "#d9d9d9", "request: every other site")
         else:
@@ -414,24 +473,5 @@ def held_figure(card: str, held: Sequence[tuple[str, HeldMemory]], capacity_byte
                     hatch="xx")
         if h.at == "oom" and h.tried_bytes:
             put(x, y, h.tried_bytes, "#ffffff00", "the allocation that failed", hatch="///")
-        ax.text(x, (y + (h.tried_bytes or 0)) / div, f" {fmt_bytes(h.active_bytes)} held", ha="center",
+        ax.text(x, (y + (h.tried_bytes or 0)) / div, f"{fmt_bytes(h.active_bytes)} held", ha="center",
                 va="bottom", fontsize=7)
-    ax.axhline(capacity_bytes / div, color="black", ls=":", lw=1)
-    legend[f"capacity {fmt_bytes(capacity_bytes)}"] = Line2D([], [], color="black", ls=":", lw=1)  # type: ignore[assignment]
-    ax.set_xticks(range(len(held)))
-    ax.set_xticklabels([f"{f}\n{'load' if h.references is None else str(h.references) + ' ref'} {h.at}"
-                        for f, h in held], fontsize=8)
-    ax.set_xlim(-0.6, len(held) - 0.4)
-    ax.set_ylabel(f"device memory at the OOM ({unit})")
-    ax.set_title(f"{card}: what held the memory at each OOM (allocator snapshot)", fontsize=10)
-    parts = ("resident", "held", "request: ", "request: every other site", "inactive", "outside", "the allocation",
-             "capacity")
-
-    def rank(label: str) -> int:  # the legend in the bars' order, bottom to top (sites in first-seen order)
-        return 3 if label == parts[3] else next((i for i, p in enumerate(parts) if label.startswith(p)), len(parts))
-
-    names = sorted(legend, key=rank)
-    ax.legend([legend[k] for k in names], names, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
-              borderaxespad=0)
-    ax.grid(alpha=0.25, axis="y")
-    return fig

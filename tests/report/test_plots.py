@@ -21,6 +21,7 @@ from runner.core.records import (
     Status,
     StepRecord,
 )
+from runner.judge.findings.models import HeldMemory, HeldSite
 from runner.judge.verdict import summarise
 from runner.plan.matrix import VerdictRules
 from runner.present import plots
@@ -249,3 +250,31 @@ def test_latency_plot_draws_the_median_as_the_tables_do() -> None:
     assert all(c.wall_s == pytest.approx(0.5) for c in cells)  # the tables' figure
     assert "median" in fig.axes[0].get_title()
     plots.plt.close(fig)
+
+
+def _held(resident: float, request_sites: tuple[float, ...]) -> HeldMemory:
+    sites = tuple(HeldSite(site=f"diffusers/models/a.py:{i}", function="forward", phase="request", bytes=int(b),
+                           blocks=1) for i, b in enumerate(request_sites))
+    request = sum(request_sites)
+    return HeldMemory(at="oom", source="allocator snapshot", references=3, how="segments at the oom",
+                      active_bytes=int(resident + request), resident_bytes=int(resident), request_bytes=int(request),
+                      inactive_bytes=0, reserved_bytes=int(resident + request), tried_bytes=int(64 * MIB),
+                      by_site=sites)
+
+
+def test_the_held_plot_zooms_on_the_bars_tops_only_where_the_weights_fill_the_card() -> None:
+    """A real model's weights (21.6 of 24 GiB) leave the request's sites a sliver of the bar: a second panel
+    shows the tops from just under the resident set; a card whose bars are mostly request keeps one panel."""
+    gib = 1024 * MIB
+    weights = [("default", _held(21.6 * gib, (384 * MIB, 192 * MIB))), ("cond-host", _held(21.6 * gib, (96 * MIB,)))]
+    fig = plots.held_figure("h200-as-3090", weights, 24 * gib)
+    assert fig is not None and len(fig.axes) == 2
+    whole, zoom = fig.axes
+    low, high = zoom.get_ylim()
+    assert whole.get_ylim()[0] == 0 and 20 < low < 21.6 and 24 < high < 24.5  # GiB: under the weights to the line
+    assert plots.zoom_floor(weights, 24 * gib) == pytest.approx(low * gib)
+    labels = {t.get_text() for t in zoom.texts}
+    assert {"384.00 MiB", "192.00 MiB", "96.00 MiB"} <= labels  # the sites' sizes are written where they show
+    activations = [("cpu-offload", _held(0.0, (2.27 * MIB, 1.0 * MIB)))]
+    fig = plots.held_figure("cpu-tiny", activations, 4.8 * MIB)
+    assert fig is not None and len(fig.axes) == 1 and plots.zoom_floor(activations, 4.8 * MIB) is None
