@@ -86,7 +86,7 @@ def test_the_not_built_card_says_what_held_the_memory(local_example: ExampleRun)
     largest = offload.split("largest live allocation was")[1].split(";")[0]
     assert "in onload`" not in largest and "of the request's bytes were the server's onloaded weights" in offload
     assert "moving the onloaded weights off the device frees" in offload
-    cache = offload.split("of the request's bytes were the server's conditioning cache")[0].rsplit("; ", 1)[1]
+    cache = offload.split(" of the request's bytes were the server's conditioning cache")[0].rsplit("; ", 1)[1]
     assert cache.endswith(("KiB", "MiB")) and "moving the conditioning cache off the device frees " + cache in offload
     assert {p.name for p in (local_example.run_dir / "plots").glob("*-held.png")} == {"cpu-tight-held.png",
                                                                                      "cpu-tiny-held.png"}
