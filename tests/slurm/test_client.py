@@ -178,11 +178,15 @@ def test_the_clients_configuration_is_kept_and_a_jobs_context_is_not(slurm: None
     env = client.without_job_context({**os.environ, "SLURM_CONF": "/etc/other/slurm.conf"})
     assert "SLURM_JOB_ID" not in env and "SBATCH_PARTITION" not in env
     assert env["SLURM_CONF"] == "/etc/other/slurm.conf" and env["SLURM_CLUSTERS"] == "mine"
-    # the commands read it: a slurm.conf of another (here: no) cluster is the one they talk to
-    monkeypatch.delenv("SLURM_CLUSTERS")
+
+
+def test_a_slurm_conf_of_another_cluster_is_the_one_the_commands_read(slurm: None,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 30 S-3 as a user meets it: SLURM_CONF names another (here: no) cluster, and the runner's commands
+    talk to that one, not to the default (on 213f931 it was stripped and sinfo answered from the default)."""
     monkeypatch.setenv("SLURM_CONF", "/nonexistent/slurm.conf")
     with pytest.raises(client.SlurmError):
-        client.run(["sinfo", "--json"])  # on 9ea8d2e: stripped, it answered from the default cluster
+        client.run(["sinfo", "--json"])
 
 
 def test_a_dead_controller_is_said_in_words_not_scontrols_banner(tmp_path: Path,
