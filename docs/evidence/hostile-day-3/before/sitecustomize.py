@@ -5,11 +5,11 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import json
-import os
 import sys
 import types
+from pathlib import Path
 
-_MAP = json.load(open(os.path.join(os.path.dirname(__file__), "aliases.json")))
+_MAP = json.loads((Path(__file__).parent / "aliases.json").read_text())
 ALIASES, PACKAGES = _MAP["aliases"], set(_MAP["packages"])
 
 
