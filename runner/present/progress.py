@@ -16,7 +16,7 @@ from runner.judge.decision import Verdict
 from runner.judge.verdict_text import console_line
 from runner.observe import quote
 from runner.run.events import Events
-from runner.run.pending import step_done as decided
+from runner.run.pending import decided
 
 SESSION_WIDTH = 42  # fixed column widths: the bars do not shift between frames as texts change length
 MEMORY_WIDTH = 22

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from runner.core.records import FailureClass, SessionRecord, StepRecord, send_again
 from runner.plan.lanes import Lane, Plan, Session
+from runner.run.policy import start_failed
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,15 @@ def step_done(record: StepRecord) -> bool:
     """Attempted, or decided without sending; a request cut by a stop from outside (a signal, its engine
     gone, the scheduler: runner.core.records.SEND_AGAIN) measured nothing and is to do again."""
     return not send_again(record)
+
+
+LOAD_OOM_SKIP = start_failed(FailureClass.OOM_AT_LOAD)
+
+
+def decided(record: StepRecord) -> bool:
+    """Done, or skipped because its session's server ran out of memory at load: `pending` decides those by
+    the session (an OOM at load is not retried), so the progress bars count them too."""
+    return step_done(record) or record.skip_reason == LOAD_OOM_SKIP
 
 
 def oom_at_load(session: SessionRecord | None) -> bool:

@@ -165,6 +165,11 @@ def implied_by(state: State, step: Step) -> Oom | None:
     return min(deciding, key=lambda o: o.references) if deciding else None
 
 
+def start_failed(failure: FailureClass) -> str:
+    """The skip reason of a session's steps when its server did not start."""
+    return f"server did not start: {failure}"
+
+
 def next_action(state: State, outcome: Outcome) -> tuple[State, Action]:
     match outcome:
         case Interrupted():
@@ -177,7 +182,7 @@ def next_action(state: State, outcome: Outcome) -> tuple[State, Action]:
             return state, Start(state.attempt)
         case Started(failure=failure) if failure is not None:
             # Load failures are not retried: an OOM at load stays an OOM, a bad command stays bad.
-            return _skip_all(replace(state, attempt=state.attempt + 1), f"server did not start: {failure}")
+            return _skip_all(replace(state, attempt=state.attempt + 1), start_failed(failure))
         case Started():
             return _next_step(replace(state, server_up=True, attempt=state.attempt + 1))
         case Sent(step=step, failure=failure, lost=lost):

@@ -14,9 +14,10 @@ import pytest
 from rich.console import Console
 
 from runner.cli import invoked_as
-from runner.core.records import Status
+from runner.core.records import FailureClass, Status
 from runner.judge.decision import Evidence, Latency, Verdict, World
 from runner.present.progress import ProgressView, column_widths, verdict_line
+from runner.run import policy
 
 from .test_plots import step
 
@@ -74,6 +75,14 @@ def test_bars_do_not_say_done_for_steps_left_after_ctrl_c() -> None:
     view.step_done(implied)
     view.lane_done("cpu2")
     assert view.progress.tasks[1].fields["session"] == "done"
+    # and so does one whose session's server ran out of memory at load (resume would not send it either);
+    # another start failure leaves its steps to do
+    view.lane_started("cpu3", ("e",), 2)
+    for n, why in ((1, FailureClass.OOM_AT_LOAD), (2, FailureClass.LOAD_EXIT)):
+        view.step_done(step("e", "default", n, Status.SKIPPED).model_copy(
+            update={"skip_reason": policy.start_failed(why)}))
+    view.lane_done("cpu3")
+    assert view.progress.tasks[2].fields["session"] == "stopped: 1 left to do"
 
 
 def test_a_start_failure_gives_its_reason_on_its_line() -> None:
