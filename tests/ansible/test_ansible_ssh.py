@@ -262,14 +262,21 @@ def test_a_changed_source_restarts_the_sidecar_once(world, tmp_path: Path) -> No
     assert again.ok and again.changed == 0 and _unit_state(host)[1] == pid
 
 
+def local_base_image() -> str:
+    """An image on the local engine no other test removes: the offline base scripts/services.sh builds. The newest
+    tagged image may be a test's short-lived one (test_ansible_runs imports and removes its pinned image while a
+    build here used it: a clean-clone failure, 2026-12-03)."""
+    base = "runner-base:bookworm"
+    if subprocess.run(["docker", "image", "inspect", base], capture_output=True).returncode != 0:
+        pytest.skip(f"no {base} image: scripts/services.sh builds it (docker/refserver/build.sh)")
+    return base
+
+
 def test_dcgm_that_cannot_start_leaves_no_container(world, tmp_path: Path) -> None:
     """dcgm-exporter run on its own (the docker step did not say --gpus is unusable): `docker run --gpus all`
     fails here, and the container it created is removed, not left Created with a restart policy."""
     name = world["ev"]["meters_dcgm_container"]
-    local = next(line for line in subprocess.run(["docker", "image", "ls", "--format", "{{.Repository}}:{{.Tag}}"],
-                                                 capture_output=True, text=True, check=True).stdout.split()
-                 if "<none>" not in line)
-    image, tag = local.rsplit(":", 1)
+    image, tag = local_base_image().rsplit(":", 1)
     ev = {**world["ev"], "meters_dcgm_image": image, "meters_dcgm_tag": tag}
     r = run_playbook(tmp_path, world["inv_one"], "meters_dcgm", ev)
     summary = "\n".join(r.summary)
@@ -292,9 +299,7 @@ def test_serving_image_build_over_ssh_leaves_no_async_files(world, tmp_path: Pat
     given; the real one needs CUDA, torch and hours): async over SSH, the image carries the pins, and the async
     job files went to runner's build directory and were removed, not to ~/.ansible_async."""
     host = world["host"]
-    base = next(line for line in subprocess.run(["docker", "image", "ls", "--format", "{{.Repository}}:{{.Tag}}"],
-                                                capture_output=True, text=True, check=True).stdout.split()
-                if "<none>" not in line)
+    base = local_base_image()
     ctx = tmp_path / "ctx"
     ctx.mkdir()
     pins = {"vllm": "VLLM_VERSION", "transformers": "TRANSFORMERS_VERSION", "diffusers": "DIFFUSERS_REF",
