@@ -182,15 +182,13 @@ class RunningServer(ABC):
                 if stop is not None and stop.is_set():
                     self.stop()
                     raise StartInterrupted()
-                gone = self.exited()
-                if gone is not None:
-                    self.stop()
-                    raise StartFailed(classify_start(exit_code=gone.code, oom_killed=gone.oom_killed,
-                                                     timed_out=False, log_tail=self.log_tail(),
-                                                     own=self.own_packages))
+                self._fail_if_exited()
                 # Who listens is checked before every probe, so not even the probe reaches a foreign server.
                 foreign = self.foreign_answer()
                 if foreign is not None:
+                    # A server that exited since the line above took its port with it: its exit says why
+                    # (an OOM kill at load), not the vanished port (a clean-clone run met this race).
+                    self._fail_if_exited()
                     self.stop()
                     raise StartFailed(Failure(kind=FailureClass.LOAD_EXIT, message=foreign))
                 # Each probe has a total deadline inside ready_timeout_s: a /health that drips never holds it.
@@ -207,6 +205,14 @@ class RunningServer(ABC):
                     raise StartFailed(classify_start(exit_code=None, oom_killed=False, timed_out=True,
                                                      log_tail=self.log_tail(), own=self.own_packages))
                 time.sleep(poll_s)
+
+    def _fail_if_exited(self) -> None:
+        """At load: a server that exited is stopped and its start fails, classified from its exit and log."""
+        gone = self.exited()
+        if gone is not None:
+            self.stop()
+            raise StartFailed(classify_start(exit_code=gone.code, oom_killed=gone.oom_killed, timed_out=False,
+                                             log_tail=self.log_tail(), own=self.own_packages))
 
 
 def same_path(plan: ServerPlan, folder: Path) -> tuple[ServerPlan, str]:
