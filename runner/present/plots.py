@@ -387,7 +387,7 @@ def held_figure(card: str, held: Sequence[tuple[str, HeldMemory]], capacity_byte
                "#1b9e77", "#e7298a", "#66a61e"]
     colour: dict[str, str] = {}  # one colour per site across the card's bars: a legend entry means one site
     for _, h in held:
-        for s in [s for s in h.by_site if s.phase == "request" and s.site != "other sites"][:HELD_SHOWN]:
+        for s in _shown_sites(h):
             colour.setdefault(_site_name(s), colours[len(colour) % len(colours)])
     legend: dict[str, Patch] = {}
     for a, lo, hi in axes:
@@ -435,6 +435,11 @@ def zoom_floor(held: Sequence[tuple[str, HeldMemory]], ceiling: float) -> float 
     return max(0.0, base - 0.1 * (ceiling - base))
 
 
+def _shown_sites(h: HeldMemory) -> list[HeldSite]:
+    """The request's largest sites, drawn apart (the rest of the request is one segment)."""
+    return [s for s in h.by_site if s.phase == "request" and s.site != "other sites"][:HELD_SHOWN]
+
+
 def _site_name(s: HeldSite) -> str:
     """A part the server named (weights onloaded for the request, its conditioning cache) says so first."""
     where = f"{s.site} in {s.function}" if s.function else s.site
@@ -457,7 +462,7 @@ def _held_bars(ax: plt.Axes, held: Sequence[tuple[str, HeldMemory]], div: float,
         y = 0.0
         if h.resident_bytes is not None and h.request_bytes is not None:
             y = put(x, y, h.resident_bytes, "#9aa5b1", "resident before the request (weights, caches)")
-            shown = [s for s in h.by_site if s.phase == "request" and s.site != "other sites"][:HELD_SHOWN]
+            shown = _shown_sites(h)
             for s in shown:
                 key = _site_name(s)
                 mid = y + s.bytes / 2
