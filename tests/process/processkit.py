@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import jsonschema
@@ -87,10 +88,22 @@ class Runner:
         return self.err_path.read_text()
 
 
-def run_dir(tmp: Path) -> Path:
+def find_run(tmp: Path) -> Path | None:
+    """The newest run folder, or None while the runner has not made one (results/ comes first)."""
     runs = sorted((tmp / "results").glob("proc-*"))
-    assert runs, "no run folder"
-    return runs[-1]
+    return runs[-1] if runs else None
+
+
+def run_dir(tmp: Path) -> Path:
+    run = find_run(tmp)
+    assert run is not None, "no run folder"
+    return run
+
+
+def run_shows(tmp: Path, check: Callable[[Path], bool]) -> bool:
+    """A wait_for predicate: the run folder exists and `check` holds on it."""
+    run = find_run(tmp)
+    return run is not None and check(run)
 
 
 def step_files(run: Path) -> list[Path]:

@@ -12,7 +12,18 @@ import time
 from pathlib import Path
 
 import pytest
-from processkit import SIGNALS, Runner, check_records, matrix, nothing_left, records_done, run_dir, step_files, wait_for
+from processkit import (
+    SIGNALS,
+    Runner,
+    check_records,
+    matrix,
+    nothing_left,
+    records_done,
+    run_dir,
+    run_shows,
+    step_files,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 PLANNED = 6  # seeds [1, 2, 3] × references [0, 1]
@@ -37,7 +48,7 @@ def test_a_signal_ends_the_run_like_ctrl_c_and_resume_finishes(tmp_path: Path, n
     # Each request takes 1.5-2.5 s, so the signal lands while one is in flight.
     path = matrix(tmp_path, server_args=', "--fault", "jitter=1.5:2.5"')
     runner = Runner(path)
-    assert wait_for(lambda: (tmp_path / "results").is_dir() and records_done(run_dir(tmp_path)) >= 2, 180), \
+    assert wait_for(lambda: run_shows(tmp_path, lambda run: records_done(run) >= 2), 180), \
         runner.output[-3000:]
     t0 = time.monotonic()
     runner.signal(SIGNALS[name])
@@ -65,7 +76,7 @@ def test_first_ctrl_c_does_not_wait_for_the_request_in_flight_and_the_second_sto
     for twice, folder in ((False, tmp_path / "once"), (True, tmp_path / "twice")):
         path = matrix(folder, seeds="[1, 2]", server_args=', "--fault", "hang@3"', request_timeout=300)
         runner = Runner(path)
-        assert wait_for(lambda f=folder: (f / "results").is_dir() and records_done(run_dir(f)) >= 2, 180), \
+        assert wait_for(lambda f=folder: run_shows(f, lambda found: records_done(found) >= 2), 180), \
             runner.output[-3000:]
         time.sleep(1.0)  # the third request is in flight now, and hangs
         t0 = time.monotonic()
@@ -94,7 +105,7 @@ def test_sigkill_while_the_report_is_written_then_resume(tmp_path: Path) -> None
     path = matrix(tmp_path)
     runner = Runner(path)
     # verdict.json is written right before report.md and the plots: kill the runner between them.
-    assert wait_for(lambda: (tmp_path / "results").is_dir() and (run_dir(tmp_path) / "verdict.json").exists(),
+    assert wait_for(lambda: run_shows(tmp_path, lambda run: (run / "verdict.json").exists()),
                     240, poll=0.002), runner.output[-3000:]
     runner.signal(signal.SIGKILL)
     assert runner.wait(30) == -signal.SIGKILL

@@ -13,7 +13,18 @@ import sys
 from pathlib import Path
 
 import pytest
-from processkit import REFS, Runner, check_records, matrix, nothing_left, records_done, run_dir, step_files, wait_for
+from processkit import (
+    REFS,
+    Runner,
+    check_records,
+    matrix,
+    nothing_left,
+    records_done,
+    run_dir,
+    run_shows,
+    step_files,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +38,7 @@ def runner(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedP
 def test_a_second_resume_of_a_running_run_is_refused_naming_the_holder(tmp_path: Path) -> None:
     path = matrix(tmp_path, server_args=', "--fault", "jitter=1.0:1.5"')
     first = Runner(path)
-    assert wait_for(lambda: (tmp_path / "results").is_dir() and records_done(run_dir(tmp_path)) >= 1, 180), \
+    assert wait_for(lambda: run_shows(tmp_path, lambda run: records_done(run) >= 1), 180), \
         first.output[-3000:]
     run = run_dir(tmp_path)
     second = runner(str(path), "--resume", str(run), cwd=tmp_path, timeout=60)
@@ -47,7 +58,7 @@ def test_a_second_resume_of_a_running_run_is_refused_naming_the_holder(tmp_path:
 def test_a_killed_holder_does_not_block_the_resume(tmp_path: Path) -> None:
     path = matrix(tmp_path, seeds="[1]", server_args=', "--fault", "jitter=1.0:1.5"')
     first = Runner(path)
-    assert wait_for(lambda: (tmp_path / "results").is_dir() and records_done(run_dir(tmp_path)) >= 1, 180)
+    assert wait_for(lambda: run_shows(tmp_path, lambda run: records_done(run) >= 1), 180)
     first.signal(signal.SIGKILL)
     first.wait(30)
     nothing_left(tmp_path)

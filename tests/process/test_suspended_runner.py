@@ -10,7 +10,17 @@ import time
 from pathlib import Path
 
 import pytest
-from processkit import Runner, check_records, matrix, nothing_left, records_done, run_dir, step_files, wait_for
+from processkit import (
+    Runner,
+    check_records,
+    matrix,
+    nothing_left,
+    records_done,
+    run_dir,
+    run_shows,
+    step_files,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 PAUSE_S = 12
@@ -20,7 +30,7 @@ def test_a_sigstop_during_a_request_is_not_a_latency(tmp_path: Path) -> None:
     # Each request takes 2.5-3.5 s, well under request_timeout_s = 8; the pause is longer than both.
     path = matrix(tmp_path, seeds="[1, 2]", server_args=', "--fault", "jitter=2.5:3.5"', request_timeout=8)
     runner = Runner(path)
-    assert wait_for(lambda: (tmp_path / "results").is_dir() and records_done(run_dir(tmp_path)) >= 1, 180), \
+    assert wait_for(lambda: run_shows(tmp_path, lambda run: records_done(run) >= 1), 180), \
         runner.output[-3000:]
     time.sleep(0.5)  # the second request is in flight (it takes at least 2.5 s)
     os.kill(runner.proc.pid, signal.SIGSTOP)  # the runner only; its server runs on

@@ -78,6 +78,12 @@ def run_dir(results: Path) -> Path:
     return found
 
 
+def a_step_is_ok(results: Path) -> bool:
+    """A wait_for predicate, safe while the runner is still making results/ and its run folder."""
+    runs = [p for p in results.iterdir() if p.is_dir()] if results.is_dir() else []
+    return bool(runs) and any(s["status"] == "ok" for s in steps(runs[0]))
+
+
 def session(run: Path, key: str = "c/default") -> dict[str, Any]:
     return json.loads((run / key / "session.json").read_text())
 

@@ -19,7 +19,7 @@ from runner.backends import owner
 from runner.backends import slurm as backend
 from runner.slurm import client
 from tests.slurm.conftest import wait_for
-from tests.slurm.slurmkit import ROOT, run_dir, runner_argv, session, start_runner, steps, write_matrix
+from tests.slurm.slurmkit import ROOT, a_step_is_ok, run_dir, runner_argv, session, start_runner, steps, write_matrix
 
 HOLD = "#!/bin/sh\nexec sleep 600\n"
 
@@ -125,8 +125,7 @@ def test_scancel_of_the_step_from_outside_is_a_lost_server_and_resume_completes(
     log = tmp_path / "runner.log"
     proc = start_runner(matrix, results, log)
     try:
-        wait_for(lambda: results.exists() and any(s["status"] == "ok" for s in steps(run_dir(results))),
-                 timeout_s=300)
+        wait_for(lambda: a_step_is_ok(results), timeout_s=300)
         (job,) = active_jobs(f"runner-{tag}")
         (step,) = [s for s in client.steps(job.job_id) if s.name.startswith("runner-")]
         server_log = run_dir(results) / "c" / "default" / "server.log"
@@ -184,8 +183,7 @@ def _first_served_then(tag: str, tmp_path: Path, act) -> tuple[list[dict], str]:
     results, log = tmp_path / "results", tmp_path / "runner.log"
     proc = start_runner(matrix, results, log)
     try:
-        wait_for(lambda: results.exists() and any(s["status"] == "ok" for s in steps(run_dir(results))),
-                 timeout_s=300)
+        wait_for(lambda: a_step_is_ok(results), timeout_s=300)
         (job,) = active_jobs(f"runner-{tag}")
         act(job)
         assert proc.wait(timeout=240) == 1, log.read_text()[-3000:]
@@ -247,8 +245,7 @@ def _hung_request_ended_then_resumed(tag: str, tmp_path: Path, end, **matrix) ->
     results, log = tmp_path / "results", tmp_path / "runner.log"
     proc = start_runner(path, results, log)
     try:
-        wait_for(lambda: results.exists() and any(s["status"] == "ok" for s in steps(run_dir(results))),
-                 timeout_s=300)
+        wait_for(lambda: a_step_is_ok(results), timeout_s=300)
         (job,) = active_jobs(f"runner-{tag}")
         (step,) = [s for s in client.steps(job.job_id) if s.name.startswith("runner-")]
         end(job, step)
