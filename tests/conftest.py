@@ -4,9 +4,14 @@ costly or exclusive thing on one worker."""
 
 from __future__ import annotations
 
+import json
+import os
+import resource
 import subprocess
 import sys
 import textwrap
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,6 +112,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         group = xdist_group(item)
         if group is not None and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+# RUNNER_TEST_CPU_LOG=FILE: one JSON line per test with its wall time and the CPU seconds of the worker and of
+# the children it waited for (the runner, servers, ansible-playbook), setup included. What it cannot see:
+# containers (dockerd's children) and Slurm steps (slurmd's); docs/benchmarks.md compares the sum with
+# the machine's total. The suite's CPU, not its wall time, is the floor on two cores.
+CPU_LOG = os.environ.get("RUNNER_TEST_CPU_LOG")
+
+
+def _cpu_s() -> float:
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True, trylast=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    if not CPU_LOG:
+        yield
+        return
+    cpu, wall = _cpu_s(), time.monotonic()
+    yield
+    line = {"test": item.nodeid, "wall_s": round(time.monotonic() - wall, 2), "cpu_s": round(_cpu_s() - cpu, 2)}
+    with open(CPU_LOG, "a") as log:  # one short write per line: the workers' lines do not interleave
+        log.write(json.dumps(line) + "\n")
 
 
 @pytest.fixture(scope="session")
