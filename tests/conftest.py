@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -66,6 +67,24 @@ def matrix_dir(tmp_path: Path) -> Path:
     write_png(tmp_path / "refs" / "b.png", 2)
     (tmp_path / "matrix.toml").write_text(textwrap.dedent(MINIMAL))
     return tmp_path
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def example_copy(name: str, folder: Path, **run: str) -> Path:
+    """examples/NAME written into FOLDER with its [run] keys set to the given TOML values (added where the file
+    has none) and its refs/ made absolute: the example's own cards, servers, flag sets and fixtures, with less
+    work where a test reads something else than the work's outcome."""
+    text = (EXAMPLES / name).read_text().replace('"refs/', f'"{EXAMPLES}/refs/')
+    head, body = text.split("[run]\n", 1)
+    for key, value in run.items():
+        body, n = re.subn(rf"^{key} = .*$", f"{key} = {value}", body, count=1, flags=re.M)
+        body = body if n else f"{key} = {value}\n{body}"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(f"{head}[run]\n{body}")
+    return path
 
 
 @dataclass(frozen=True)
@@ -143,7 +162,7 @@ def local_example(tmp_path_factory: pytest.TempPathFactory) -> ExampleRun:
     """One run of examples/local.toml (the README's first command), shared by the tests that only read its
     run folder (tests/e2e/test_examples.py, tests/e2e/test_schemas_e2e.py): each run is minutes here."""
     results = tmp_path_factory.mktemp("local-example")
-    example = Path(__file__).resolve().parents[1] / "examples" / "local.toml"
+    example = EXAMPLES / "local.toml"
     # 6:37 in CI with four workers on 2 cores (stop 36): the bound is pytest-timeout's, less a margin to say so
     proc = subprocess.run([sys.executable, "-m", "runner", str(example), "--results", str(results), "--no-progress"],
                           capture_output=True, text=True, timeout=850)
