@@ -158,7 +158,7 @@ def test_the_shipped_vocabularies_name_how_they_were_made() -> None:
 def wheel_030(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """vLLM-Omni 0.30.0's wheel, fetched once with pip (kept in pytest's cache); skips when the index does not
     answer (an offline machine is no failure of the runner)."""
-    cache = pytestconfig.cache  # None under -p no:cacheprovider: then a temporary folder of this session
+    cache = getattr(pytestconfig, "cache", None)  # absent under -p no:cacheprovider: a folder of this session
     folder = Path(cache.mkdir("vllm-omni-0.30.0")) if cache else tmp_path_factory.mktemp("vllm-omni-0.30.0")
     cached = sorted(folder.glob("vllm_omni-0.30.0-*.whl"))
     if cached:
