@@ -124,7 +124,7 @@ class LocalServer(RunningServer):
     argv: tuple[str, ...] = ()  # the command of this start (the plan's, its port filled in)
     _record: Path | None = None
     _lifeline: int | None = None  # write end of the supervisor's pipe; closing it stops the server
-    _tree: tuple[list[psutil.Process], float] | None = None  # the server's processes and when they were listed
+    _listed: tuple[list[psutil.Process], float] | None = None  # the server's processes and when they were listed
 
     def start(self) -> None:
         # The profile's fixed port must be free (never measure someone else's server); port 0: a free one
@@ -212,13 +212,13 @@ class LocalServer(RunningServer):
         if self.proc is None or self.proc.poll() is not None:
             return None
         now = time.monotonic()
-        if self._tree is None or now - self._tree[1] >= TREE_REFRESH_S:
+        if self._listed is None or now - self._listed[1] >= TREE_REFRESH_S:
             try:  # the server and its workers, not the supervisor
-                self._tree = psutil.Process(self.proc.pid).children(recursive=True), now
+                self._listed = psutil.Process(self.proc.pid).children(recursive=True), now
             except psutil.Error:
                 return None
         rss = []
-        for p in self._tree[0]:
+        for p in self._listed[0]:
             with contextlib.suppress(psutil.Error):  # a worker that ended since the listing
                 rss.append(p.memory_info().rss)
         return sum(rss) if rss else None
