@@ -295,7 +295,7 @@ def reap_orphans() -> list[str]:
     A group is identified by its leader's recorded PID + start time; members are signalled only when their
     process group is that PID and they started after the leader (a PGID is not reused while it has members).
     """
-    notes = []
+    notes: list[str] = []
     folder = state_dir()
     if not folder.is_dir():
         return notes
