@@ -388,15 +388,12 @@ def test_resume_of_a_finished_run_starts_nothing_and_sends_nothing(tmp_path: Pat
     assert all(r["status"] == "skipped" and r["implied_by"] == "tight/default/refs-3/shapes-seed-1" for r in implied)
     assert step(run_dir, "tight/default/refs-3/shapes-seed-1")["failure"]["kind"] == "oom"
     before = tree(run_dir)
-    t0 = time.monotonic()
     again = subprocess.run([sys.executable, "-m", "runner", str(path), "--no-progress", "--resume", str(run_dir)],
                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    elapsed = time.monotonic() - t0
     assert again.returncode == 0, again.stderr[-2000:]
     assert "nothing left to send" in again.stderr
     # no server started (no new log, session.json unchanged), no request sent (step records unchanged)
-    assert tree(run_dir) == before
-    assert elapsed < 10, elapsed
+    assert tree(run_dir) == before  # (its wall time is no proof: 11 s under a loaded CI, with nothing started)
     assert "tight: " in again.stdout and "dies-at-load: not-built" in again.stdout
 
 

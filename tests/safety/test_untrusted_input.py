@@ -172,7 +172,7 @@ def test_item5_ready_timeout_is_a_total_deadline_with_a_dripping_health(tmp_path
     finally:
         server.stop()
     assert info.value.failure.kind == FailureClass.READY_TIMEOUT
-    assert time.monotonic() - t0 < 3 + 5  # one probe past the deadline at most, never the drip's length
+    assert time.monotonic() - t0 < 3 + 10  # a probe past the deadline and the stop, never the drip (forever)
 
 
 def test_item5_request_timeout_is_a_total_deadline_with_a_dripping_response(serving: Callable) -> None:
