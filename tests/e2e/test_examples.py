@@ -58,7 +58,7 @@ def _glance(report: str, flag_sets: dict[str, int]) -> None:
 def test_the_host_meter_measured_every_server_that_loaded(local_example: ExampleRun) -> None:
     """The local backend's host RAM (the server's process tree RSS) is the evidence that an offload flag moved
     memory to the host: every session whose server became ready has host samples and a peak. (From 0b37963 a
-    cache attribute named like a method made every sample fail, and no run said more than "unavailable".)"""
+    cache attribute named like a method made every sample fail, and the report only said "n/a".)"""
     sessions = sorted(local_example.run_dir.glob("*/*/session.json"))
     loaded = [json.loads(p.read_text()) for p in sessions]
     loaded = [s for s in loaded if any(start["ready_s"] is not None for start in s["starts"])]
@@ -72,7 +72,7 @@ def test_the_host_meter_measured_every_server_that_loaded(local_example: Example
 
 def test_seed_emulated_example_reads_at_a_glance(tmp_path: Path) -> None:
     # The glance is the report's words for two cards of six flag sets each: one seed at 8 steps and no
-    # diagnosis pass give the same cells for a third of the CPU (141 CPU-s and 185 s as the file stands).
+    # diagnosis pass give the same cells for about half the CPU (75 against 141 CPU-s as the file stands).
     example = example_copy("seed-emulated.toml", tmp_path / "matrix", seeds="[2301]", steps="8",
                            diagnosis='"off"')
     proc = subprocess.run([sys.executable, "-m", "runner", str(example),

@@ -73,15 +73,25 @@ def start_runner(matrix: Path, results: Path, log: Path, *more: str) -> subproce
                                 cwd=ROOT)
 
 
+def find_run(results: Path) -> Path | None:
+    """The run's one folder, or None while the runner has not made results/ or the folder yet."""
+    runs = [p for p in results.iterdir() if p.is_dir()] if results.is_dir() else []
+    if not runs:
+        return None
+    (found,) = runs
+    return found
+
+
 def run_dir(results: Path) -> Path:
-    (found,) = [p for p in results.iterdir() if p.is_dir()]
+    found = find_run(results)
+    assert found is not None, f"no run folder in {results}"
     return found
 
 
 def a_step_is_ok(results: Path) -> bool:
     """A wait_for predicate, safe while the runner is still making results/ and its run folder."""
-    runs = [p for p in results.iterdir() if p.is_dir()] if results.is_dir() else []
-    return bool(runs) and any(s["status"] == "ok" for s in steps(runs[0]))
+    found = find_run(results)
+    return found is not None and any(s["status"] == "ok" for s in steps(found))
 
 
 def session(run: Path, key: str = "c/default") -> dict[str, Any]:
