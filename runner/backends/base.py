@@ -7,6 +7,7 @@ with the exit code and the log tail (vLLM-Omni may exit at an init OOM, or hang 
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -25,6 +26,9 @@ from runner.plan.lanes import RUNTIME_PORT, ServerPlan
 
 PROBE_S = 5.0  # one readiness probe's total deadline (within ready_timeout_s)
 PROBE_BYTES = 1 << 20  # a /health answer larger than this is not one
+PORT_TRIES = 3  # starts of one server whose picked port another process may take before it listens
+# A server that could not listen because the port was taken: Python's errno text, uvicorn's, Go/C servers'.
+ADDRESS_IN_USE = re.compile(r"\[Errno 98\]|address already in use|EADDRINUSE", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,11 @@ class StartFailed(Exception):
         self.failure = failure
 
 
+class PortLost(StartFailed):
+    """The port the backend picked was taken by another process before the server listened on it: not the
+    server's failure (a free port is only free until someone binds it), so `launch` starts it again."""
+
+
 class RunningServer(ABC):
     """One start of a planned server. The backend reads the plan as it is and decides the port; `start` and
     `stop` are the only side effects; `stop` is idempotent."""
@@ -60,7 +69,9 @@ class RunningServer(ABC):
     def __init__(self, plan: ServerPlan, attempt: Attempt) -> None:
         self.plan, self.attempt = plan, attempt
         self.port: int | None = None  # the port the runner reaches, once the backend decided it
+        self.port_losses: list[str] = []  # why each earlier try of this start lost its picked port
         self._secrets: tuple[str, ...] | None = None
+        self._try_log_from = 0  # where this try's output begins in the log (earlier tries' lines are before)
 
     @property
     def name(self) -> str:
@@ -111,6 +122,11 @@ class RunningServer(ABC):
     @abstractmethod
     def stop(self) -> None: ...
 
+    def end_try(self) -> None:
+        """Stop this try of the start only, so that `start` can run again (what the server holds beyond one
+        try, as a Slurm allocation, stays); by default the same as `stop`."""
+        self.stop()
+
     def kill(self) -> None:
         """Stop at once (a second Ctrl-C): no grace period; best effort, never raises."""
         self.stop()
@@ -126,6 +142,12 @@ class RunningServer(ABC):
         """(url, why not) of a meter this backend started beside the server itself (slurm: the sidecar
         step); (None, None) when it starts none and the card's own URL applies."""
         return None, None
+
+    @property
+    def port_picked(self) -> bool:
+        """Whether the backend picked the port just before the server binds it (so another process may take
+        it first, and another pick is as good); False for a fixed port or one the engine binds at start."""
+        return False
 
     def foreign_answer(self) -> str | None:
         """Why the process answering on the server's address is not the one this runner started, or None.
@@ -172,6 +194,21 @@ class RunningServer(ABC):
         """The packages an OOM's site may be in: the servers' own, and the model's this profile names."""
         return self.plan.profile.own_packages
 
+    def launch(self, deadline_s: float, stop: threading.Event | None = None) -> float:
+        """`start` then `wait_ready`; a try that lost its picked port to another process is stopped and
+        started again on a new one, at most PORT_TRIES times (each loss kept in `port_losses`)."""
+        while True:
+            self._try_log_from = self.log_size()
+            self.start()
+            try:
+                return self.wait_ready(deadline_s, stop=stop)
+            except PortLost as lost:
+                self.port_losses.append(lost.failure.message)
+                if len(self.port_losses) >= PORT_TRIES:
+                    raise StartFailed(lost.failure.model_copy(update={
+                        "message": f"{lost.failure.message} (the port was lost to another process at each of "
+                                   f"{PORT_TRIES} starts)"})) from None
+
     def wait_ready(self, deadline_s: float, poll_s: float = 0.25, stop: threading.Event | None = None) -> float:
         """Seconds until ready; raises StartFailed (after stopping the server) when it never is, and
         StartInterrupted (after stopping it) as soon as `stop` is set."""
@@ -189,6 +226,9 @@ class RunningServer(ABC):
                     # A server that exited since the line above took its port with it: its exit says why
                     # (an OOM kill at load), not the vanished port (a clean-clone run met this race).
                     self._fail_if_exited()
+                    if self.port_picked:
+                        self.end_try()
+                        raise PortLost(Failure(kind=FailureClass.LOAD_EXIT, message=foreign))
                     self.stop()
                     raise StartFailed(Failure(kind=FailureClass.LOAD_EXIT, message=foreign))
                 # Each probe has a total deadline inside ready_timeout_s: a /health that drips never holds it.
@@ -210,6 +250,12 @@ class RunningServer(ABC):
         """At load: a server that exited is stopped and its start fails, classified from its exit and log."""
         gone = self.exited()
         if gone is not None:
+            said = self.read_log(max(self._try_log_from, self.log_size() - 16_384)) if self.port_picked else ""
+            if ADDRESS_IN_USE.search(said):
+                self.end_try()
+                line = next(ln for ln in reversed(said.splitlines()) if ADDRESS_IN_USE.search(ln))
+                raise PortLost(Failure(kind=FailureClass.LOAD_EXIT, message=f"port {self.port} was taken before "
+                                       f"the server listened on it: {line.strip()[:300]}"))
             self.stop()
             raise StartFailed(classify_start(exit_code=gone.code, oom_killed=gone.oom_killed, timed_out=False,
                                              log_tail=self.log_tail(), own=self.own_packages))

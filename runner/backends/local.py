@@ -137,6 +137,7 @@ class LocalServer(RunningServer):
                                           message=f"{busy}; not starting (the runner would "
                                           f"measure that server instead of its own)"))
         self.port = fixed or free_port(HOST)
+        self._listed = None
         self.argv, server_env = self.command(self.port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **resolve_env(server_env, os.environ)}
@@ -152,6 +153,10 @@ class LocalServer(RunningServer):
         finally:
             os.close(read_end)
         self._record = _record_start(self.proc.pid, self.name)
+
+    @property
+    def port_picked(self) -> bool:
+        return not self.plan.profile.port
 
     def exited(self) -> ExitInfo | None:
         if self.proc is None:

@@ -448,6 +448,7 @@ class SlurmServer(RunningServer):
         if self.problem is not None:
             raise StartFailed(self.problem)
         assert self.alloc is not None
+        self.where, self.port, self._stopped_at = None, None, None  # a new try is a new step
         env = resolve_env(self.plan.env, os.environ)
         self.proc = _launch(self.alloc, name=self.name, log=self.log_path, where=self.where_path,
                             command=list(self.plan.argv), env=env)
@@ -475,11 +476,18 @@ class SlurmServer(RunningServer):
         code = self.proc.poll()
         return None if code is None else ExitInfo(code)
 
-    def stop(self) -> None:
+    @property
+    def port_picked(self) -> bool:
+        return True  # by the step on the node, a moment before the server binds it
+
+    def end_try(self) -> None:
         if self.proc is not None and self.alloc is not None:
             if self.proc.poll() is None and self._stopped_at is None:
                 self._stopped_at = self.log_size()
             _stop_step(self.proc, self.where_path, self.alloc.job_id)
+
+    def stop(self) -> None:
+        self.end_try()
         if self._own_lane is not None:
             self._own_lane.release_all()
 

@@ -130,8 +130,7 @@ def run_target(session_runner: object, target: Target) -> DiagnosisRecord:
     why: str | None = None
     try:
         try:
-            server.start()
-            start_s = server.wait_ready(r.run.ready_timeout_s, stop=ctx.stop)
+            start_s = server.launch(r.run.ready_timeout_s, stop=ctx.stop)
         except StartFailed as exc:
             kind = exc.failure.kind
             outcome = "oom at load" if kind == FailureClass.OOM_AT_LOAD else f"start failed: {kind}"

@@ -379,8 +379,7 @@ class _Server:
         self.checkpoint(force=True)
         r.ctx.live.add(self.server)
         try:
-            self.server.start()
-            self.ready_s = self.server.wait_ready(r.run.ready_timeout_s, stop=r.ctx.stop)
+            self.ready_s = self.server.launch(r.run.ready_timeout_s, stop=r.ctx.stop)
         except StartInterrupted:  # stopped while loading: not a start failure; the session's steps are skipped
             pass
         except StartFailed as exc:
@@ -390,6 +389,8 @@ class _Server:
                 Failure(kind=FailureClass.LOAD_EXIT, message=f"{type(exc).__name__}: {exc}"[:500]))
             self.server.stop()
         self.t_ready = time.time()
+        self.log.notes.extend(f"start {self.attempt}: {lost}; started again on another port"
+                              for lost in self.server.port_losses)
         why = None if self.failure is None else start_failure_line(self.failure)
         r.ctx.events.session_ready(r.card.name, r.flags.name, self.ready_s, why)
         self.checkpoint(force=True)
@@ -400,7 +401,9 @@ class _Server:
                            ready_s=None if self.ready_s is None else round(self.ready_s, 3),
                            failure=self.failure, stopped_at=stopped_at,
                            load_peaks=tuple(m.window_peak(self.t_start, self.t_ready) for m in self.meters),
-                           info={**self.server.info(), "log": self.server.log_path.name})
+                           info={**self.server.info(), "log": self.server.log_path.name,
+                                 **({"ports_lost": list(self.server.port_losses)} if self.server.port_losses
+                                    else {})})
 
     def _series(self) -> list:
         return [x for m in self.meters for x in (m.series(), *m.extra_series())]

@@ -17,9 +17,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from runner.backends.base import Attempt, StartFailed
+from runner.backends import local
+from runner.backends.base import PORT_TRIES, Attempt, StartFailed
 from runner.backends.local import LocalServer
-from runner.plan.lanes import ServerPlan
+from runner.plan.lanes import RUNTIME_PORT, ServerPlan
 from runner.plan.matrix import ServerProfile
 
 DECOY = Path(__file__).with_name("decoy.py")
@@ -112,6 +113,78 @@ def test_port_taken_after_start_is_never_probed(tmp_path: Path) -> None:
     finally:
         server.stop()
         d.close()
+
+
+def picks(monkeypatch: pytest.MonkeyPatch, *first: int) -> None:
+    """The local backend's port picks: `first` in order, then free ones (the race, driven: the picked port is
+    taken between the pick and the server's bind)."""
+    queue = list(first)
+    monkeypatch.setattr(local, "free_port", lambda host="127.0.0.1": queue.pop(0) if queue else free_port())
+
+
+def picked_spec(tmp: Path, argv: tuple[str, ...]) -> tuple[ServerPlan, Attempt]:
+    return spec(tmp, 0, argv)  # port 0: the backend picks one at each start
+
+
+SERVE = (sys.executable, str(DECOY), RUNTIME_PORT)
+
+
+def test_a_picked_port_bound_first_by_another_socket_is_given_up_for_another(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Our server exits with "Address already in use" on the port the backend picked: not a load failure; it
+    starts again on a new port, and the loss is kept."""
+    holder = socket.socket()  # bound, not listening, no SO_REUSEADDR: the server's bind fails, nobody answers
+    holder.bind(("127.0.0.1", 0))
+    taken = holder.getsockname()[1]
+    picks(monkeypatch, taken)
+    server = LocalServer(*picked_spec(tmp_path, (*SERVE, str(tmp_path / "own.log"))))
+    try:
+        assert server.launch(20) < 20
+        assert server.port != taken and "GET /health" in (tmp_path / "own.log").read_text()
+        [lost] = server.port_losses
+        assert f"port {taken} was taken before the server listened on it" in lost
+        assert "Address already in use" in lost, lost
+    finally:
+        server.stop()
+        holder.close()
+
+
+def test_a_picked_port_another_server_listens_on_is_never_probed_and_given_up(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, decoy: Decoy) -> None:
+    """The clean-clone race: another process listens on the picked port while ours loads. That server is never
+    probed; ours is stopped and started again on a new port."""
+    picks(monkeypatch, decoy.port)
+    # Ours never binds on the port the decoy holds (it "loads" there), so only the listener can end that try.
+    loads_forever_there = ("import os, sys, time; port = sys.argv[1]; "
+                           f"time.sleep(60) if port == '{decoy.port}' else None; "
+                           f"os.execv(sys.executable, [sys.executable, {str(DECOY)!r}, port, sys.argv[2]])")
+    server = LocalServer(*picked_spec(tmp_path, (sys.executable, "-c", loads_forever_there, RUNTIME_PORT,
+                                                 str(tmp_path / "own.log"))))
+    try:
+        assert server.launch(20) < 20
+        [lost] = server.port_losses
+        assert f"port {decoy.port} is in use by PID {decoy.proc.pid}" in lost, lost
+        assert server.port != decoy.port and decoy.alive() and decoy.requests() == []
+        # The first try (its supervisor and server, both with the decoy's port in their command) was stopped.
+        first = [p for p in psutil.process_iter(["cmdline"])
+                 if loads_forever_there in (p.info["cmdline"] or []) and str(decoy.port) in p.info["cmdline"]]
+        assert not any(running(p.pid) for p in first), first
+    finally:
+        server.stop()
+
+
+def test_a_port_lost_at_every_start_fails_the_start_and_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, decoy: Decoy) -> None:
+    picks(monkeypatch, *[decoy.port] * PORT_TRIES)
+    server = LocalServer(*picked_spec(tmp_path, (sys.executable, "-c", "import time; time.sleep(60)")))
+    try:
+        with pytest.raises(StartFailed) as failed:
+            server.launch(20)
+        assert f"lost to another process at each of {PORT_TRIES} starts" in failed.value.failure.message
+        assert len(server.port_losses) == PORT_TRIES and decoy.requests() == []
+        assert server.proc is not None and wait_for(lambda: not running(server.proc.pid), 5)  # type: ignore[union-attr]
+    finally:
+        server.stop()
 
 
 def test_own_server_on_fixed_port_is_accepted_and_restarts_there(tmp_path: Path) -> None:

@@ -298,3 +298,36 @@ def test_a_submission_sbatch_refuses_is_recorded_as_refused(tag: str, tmp_path: 
     (start,) = session(run_dir(tmp_path / "results"))["starts"]
     assert start["failure"]["kind"] == "refused", start
     assert start["failure"]["message"].startswith("sbatch refused the allocation: "), start
+
+
+LOSES_FIRST_PORT = """\
+import os, socket, sys
+port, marker, command = int(sys.argv[1]), sys.argv[2], sys.argv[4:]
+if not os.path.exists(marker):  # the first step: another socket takes the step's port before the server binds
+    open(marker, "w").close()
+    other = socket.create_server(("", port))
+    socket.create_server(("", port))  # OSError: [Errno 98] Address already in use, as a server's bind would
+os.execv(command[0], command)
+"""
+
+
+def test_a_step_whose_port_was_taken_is_started_again_in_the_same_allocation(tag: str, tmp_path: Path) -> None:
+    """The step picks a free port on the node; another process binds it first. That is not the server's load
+    failure: the runner starts a new step (a new port) in the same allocation and the session is measured."""
+    wrapper = tmp_path / "loses_first_port.py"
+    wrapper.write_text(LOSES_FIRST_PORT)
+    path = write_matrix(tmp_path, tag)
+    text = path.read_text()
+    path.write_text(text.replace('command = ["{python}", "-m"',
+                                 f'command = ["{{python}}", "{wrapper}", "{{port}}", "{tmp_path / "lost"}", "--", '
+                                 f'"{{python}}", "-m"', 1))
+    proc = subprocess.run(runner_argv(path, tmp_path / "results"), capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    record = session(run_dir(tmp_path / "results"))
+    (start,) = record["starts"]
+    assert start["failure"] is None and start["ready_s"] is not None, start
+    (lost,) = start["info"]["ports_lost"]
+    assert "was taken before the server listened on it" in lost and "Address already in use" in lost, lost
+    assert any("started again on another port" in note for note in record["notes"]), record["notes"]
+    assert all(s["status"] == "ok" for s in steps(run_dir(tmp_path / "results")))
