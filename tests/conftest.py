@@ -72,18 +72,22 @@ def matrix_dir(tmp_path: Path) -> Path:
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
-def example_copy(name: str, folder: Path, **run: str) -> Path:
-    """examples/NAME written into FOLDER with its [run] keys set to the given TOML values (added where the file
-    has none) and its refs/ made absolute: the example's own cards, servers, flag sets and fixtures, with less
-    work where a test reads something else than the work's outcome."""
+def example_copy(name: str, folder: Path, verdict: dict[str, str] | None = None, **run: str) -> Path:
+    """examples/NAME written into FOLDER with its [run] keys (and `verdict`'s [verdict] keys) set to the given TOML
+    values (added where the file has none) and its refs/ made absolute: the example's own cards, servers, flag
+    sets and fixtures, with less work where a test reads something else than the work's outcome."""
     text = (EXAMPLES / name).read_text().replace('"refs/', f'"{EXAMPLES}/refs/')
-    head, body = text.split("[run]\n", 1)
-    for key, value in run.items():
-        body, n = re.subn(rf"^{key} = .*$", f"{key} = {value}", body, count=1, flags=re.M)
-        body = body if n else f"{key} = {value}\n{body}"
+    for table, keys in (("run", run), ("verdict", verdict or {})):
+        if f"\n[{table}]\n" not in text:
+            text += f"\n[{table}]\n"
+        head, body = text.split(f"\n[{table}]\n", 1)
+        for key, value in keys.items():
+            body, n = re.subn(rf"^{key} = .*$", f"{key} = {value}", body, count=1, flags=re.M)
+            body = body if n else f"{key} = {value}\n{body}"
+        text = f"{head}\n[{table}]\n{body}"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
-    path.write_text(f"{head}[run]\n{body}")
+    path.write_text(text)
     return path
 
 
