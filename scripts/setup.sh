@@ -13,7 +13,8 @@ for arg in "$@"; do
     esac
 done
 python3 -m venv .venv
-pip=(.venv/bin/pip install -q --disable-pip-version-check)
+# --no-compile: the bytecode is made below, on every core (pip compiles one file at a time: half of setup on 2 cores).
+pip=(.venv/bin/pip install -q --disable-pip-version-check --no-compile)
 # The reference server needs torch, and on Linux PyPI's torch is a multi-GB CUDA build. Without --gpu the CPU
 # build is installed first (the `refserver` extra then keeps it): from PyTorch's CPU index when it answers
 # within seconds, else torch==2.13.0 from the configured sources (a local CPU wheel where a machine keeps one;
@@ -31,6 +32,12 @@ else
     "${pip[@]}" "torch==$torch_version"
 fi
 "${pip[@]}" -e ".[$extras]"
+# Bytecode for every installed module and runner's own source. Where PYTHONDONTWRITEBYTECODE is set (as on CI
+# machines) nothing is written at import, so without it every process would compile again what it imports:
+# about 0.7 CPU-s per runner or server process. Errors are pip's to ignore too (torch ships a file in Python
+# 3.12 syntax among its test helpers); the imports below and the run would fail on a file that matters.
+.venv/bin/python -m compileall -q -j 0 "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+    runner > /dev/null || true
 GPU="$gpu" .venv/bin/python - <<'EOF'
 import os
 
