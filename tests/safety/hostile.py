@@ -42,6 +42,7 @@ import json
 import os
 import struct
 import sys
+import threading
 import time
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -137,6 +138,8 @@ def gzip_bomb(size: int = 256 * 2**20) -> bytes:
 class Handler(BaseHTTPRequestHandler):
     mode = "ok"
     metrics: str | None = None
+    scrapes = 0  # /metrics answers so far; with --metrics a POST waits for the next one (below)
+    scraped = threading.Condition()
     posts = 0  # requests answered by this server start
     protocol_version = "HTTP/1.1"
 
@@ -171,6 +174,9 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path.startswith("/metrics") and self.metrics is not None:
             text = f"# TYPE refserver_device_memory_bytes gauge\nrefserver_device_memory_bytes {self.metrics}\n"
             self._send(200, text.encode(), "text/plain")
+            with Handler.scraped:
+                Handler.scrapes += 1
+                Handler.scraped.notify_all()
         else:
             self._send(404, b"{}")
 
@@ -179,6 +185,13 @@ class Handler(BaseHTTPRequestHandler):
         token = os.environ.get("HF_TOKEN", "")
         mode = self.mode
         Handler.posts += 1
+        if self.metrics is not None:
+            # The answer waits until the runner's meter has read /metrics twice during the request (the second
+            # poll began after the request arrived), 2.5 s at most: the step's window holds a reading by
+            # construction, not by where a poll happened to fall (a 26 ms request once held none).
+            with Handler.scraped:
+                seen = Handler.scrapes
+                Handler.scraped.wait_for(lambda: Handler.scrapes >= seen + 2, timeout=2.5)
         if mode == "spike":
             time.sleep(2.0 if Handler.posts % 5 == 0 else 0.2 if Handler.posts % 2 else 0.02)
         elif mode == "wide":
