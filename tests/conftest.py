@@ -72,12 +72,14 @@ def matrix_dir(tmp_path: Path) -> Path:
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
-def example_copy(name: str, folder: Path, verdict: dict[str, str] | None = None, **run: str) -> Path:
-    """examples/NAME written into FOLDER with its [run] keys (and `verdict`'s [verdict] keys) set to the given TOML
-    values (added where the file has none) and its refs/ made absolute: the example's own cards, servers, flag
-    sets and fixtures, with less work where a test reads something else than the work's outcome."""
+def example_copy(name: str, folder: Path, verdict: dict[str, str] | None = None,
+                 matrix: dict[str, str] | None = None, **run: str) -> Path:
+    """examples/NAME written into FOLDER with its [run] keys (and `verdict`'s [verdict] keys, `matrix`'s [matrix]
+    keys) set to the given TOML values (added where the file has none) and its refs/ made absolute: the example's
+    own cards, servers, flag sets and fixtures, with less work where a test reads something else than the work's
+    outcome."""
     text = (EXAMPLES / name).read_text().replace('"refs/', f'"{EXAMPLES}/refs/')
-    for table, keys in (("run", run), ("verdict", verdict or {})):
+    for table, keys in (("run", run), ("verdict", verdict or {}), ("matrix", matrix or {})):
         if f"\n[{table}]\n" not in text:
             text += f"\n[{table}]\n"
         head, body = text.split(f"\n[{table}]\n", 1)

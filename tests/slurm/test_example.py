@@ -19,12 +19,13 @@ pytestmark = pytest.mark.slow
 
 
 def test_local_slurm_example_gives_the_three_worlds_with_lanes_side_by_side(slurm: None, tmp_path: Path) -> None:
-    # The example with one seed and no diagnosis pass (examples/local.toml's run in tests/e2e has both): what is
-    # under test here is Slurm's, the allocations and their lanes, not the findings. Nor the latency: with one seed
-    # on a loaded 2-core machine, cpu-tight's offload-to-default interval once straddled the limit of 3 after 8
-    # sends (1.45x [0.68-3.10], CI-like run at d0f0fbd), an honest "undecided" that is not Slurm's to show.
+    # The example with one seed, no diagnosis pass and the two flag sets that decide the three worlds (default and
+    # cpu-offload; examples/local.toml's run in tests/e2e has all five, both seeds and the passes): what is under
+    # test here is Slurm's, the allocations and their lanes, not the findings. Nor the latency: with one seed on a
+    # loaded 2-core machine, cpu-tight's offload-to-default interval once straddled the limit of 3 after 8 sends
+    # (1.45x [0.68-3.10], CI-like run at d0f0fbd), an honest "undecided" that is not Slurm's to show.
     example = example_copy("local-slurm.toml", tmp_path / "matrix", seeds="[2301]", diagnosis='"off"',
-                           verdict={"max_latency_ratio": "20"})
+                           verdict={"max_latency_ratio": "20"}, matrix={"flags": '["default", "cpu-offload"]'})
     proc = subprocess.run([sys.executable, "-m", "runner", str(example), "--results", str(tmp_path / "results"),
                            "--no-progress"], capture_output=True, text=True, timeout=1500, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
