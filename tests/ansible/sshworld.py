@@ -123,6 +123,9 @@ esac
         inv_one.write_text(yaml.safe_dump(inventory))
         extravars = {
             "preflight_nvidia_smi": str(bin_dir / "nvidia-smi"),
+            # The `--gpus` probe's image: the role's default (the newest local image) can be another test's
+            # short-lived one, removed between the listing and the probe (a parallel run, 2026-12-03).
+            "docker_probe_image": local_base_image(),
             "docker_nvidia_hook": str(bin_dir / "nvidia-container-runtime-hook"),
             "meters_sidecar_host": "127.0.0.1", "meters_sidecar_port": sidecar_port,
             "meters_sidecar_args": f"--fake-replay {replay} --loop",
