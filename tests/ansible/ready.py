@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import ANSIBLE_DIR, PLAYBOOK, ROOT, VENV_BIN
-from sshhost import free_port, skip_reason, ssh_host
+from sshhost import free_port, gpu_host
 
 GPU = {"gpu_index": 0, "gpu_name": "NVIDIA GeForce RTX 3090", "gpu_arch": "sm_86", "gpu_vram_gib": 24}
 UNIT = "runner-meter.service"
@@ -40,21 +40,9 @@ def executable(path: Path, text: str, owner: str | None = None) -> None:
 
 def ready_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The GPU host (a new user over real SSH) and the workstation's temp folder, as a fixture yields them."""
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
-    if shutil.which("promtool") is None:
-        pytest.skip("promtool is missing (Debian: apt-get install -y prometheus)")
-    if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
-        pytest.skip("no Docker Engine answers here")
     d = tmp_path_factory.mktemp("ready-world")
-    with ssh_host(d / "sshd") as host:
-        bin_dir = host.home / "bin"
-        bin_dir.mkdir()
-        shutil.chown(bin_dir, host.user, host.user)
+    with gpu_host(d / "sshd") as host:
         replay = host.home / "replay.txt"
-        replay.write_text("0 1000000000 1100000000\n0.5 3000000000 3100000000\n1 1000000000 1100000000\n")
-        shutil.chown(replay, host.user, host.user)
         src = d / "ws" / "runner"
         shutil.copytree(ROOT / "runner", src, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         (d / "prom").mkdir()

@@ -22,6 +22,8 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 SSHD = "/usr/sbin/sshd"
 SYSTEMD = "/lib/systemd/systemd"
 CGROUP_ROOTS = (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup/systemd"))
@@ -214,3 +216,26 @@ Host 127.0.0.1
         if gone.returncode not in (0, 12):  # 12: no mail spool to remove
             raise RuntimeError(f"userdel {user}: {gone.stderr.strip()}")
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+REPLAY = "0 1000000000 1100000000\n0.5 3000000000 3100000000\n1 1000000000 1100000000\n"
+
+
+@contextmanager
+def gpu_host(workdir: Path) -> Iterator[SshHost]:
+    """ssh_host as provision.yml's GPU host (the test skipped where this machine cannot be one, or lacks the
+    workstation's promtool or a Docker Engine): `~/bin` for stand-ins, and `~/replay.txt`, the series the sidecar
+    replays instead of NVML."""
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool is missing (Debian: apt-get install -y prometheus)")
+    if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
+        pytest.skip("no Docker Engine answers here")
+    with ssh_host(workdir) as host:
+        (host.home / "bin").mkdir()
+        (host.home / "replay.txt").write_text(REPLAY)
+        for name in ("bin", "replay.txt"):
+            shutil.chown(host.home / name, host.user, host.user)
+        yield host

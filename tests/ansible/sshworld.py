@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import ROOT
-from sshhost import free_port, skip_reason, ssh_host
+from sshhost import free_port, gpu_host
 
 GPU = {"gpu_index": 0, "gpu_name": "NVIDIA GeForce RTX 3090", "gpu_arch": "sm_86", "gpu_vram_gib": 24}
 
@@ -73,18 +73,9 @@ def _exe(path: Path, text: str, owner: str) -> None:
 def ssh_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The GPU host (sshhost.py's, with stand-ins for nvidia-smi and the toolkit's hook), an unreachable second
     host, and the workstation's Prometheus config, as a fixture yields them."""
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
-    if shutil.which("promtool") is None:
-        pytest.skip("promtool is missing (Debian: apt-get install -y prometheus)")
-    if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
-        pytest.skip("no Docker Engine answers here")
     d = tmp_path_factory.mktemp("ssh-world")
-    with ssh_host(d / "sshd") as host:
-        bin_dir = host.home / "bin"
-        bin_dir.mkdir()
-        shutil.chown(bin_dir, host.user, host.user)
+    with gpu_host(d / "sshd") as host:
+        bin_dir, replay = host.home / "bin", host.home / "replay.txt"
         _exe(bin_dir / "nvidia-smi", """#!/bin/sh
 case "$*" in
   *--query-gpu=*) echo "NVIDIA GeForce RTX 3090, 615.71.09, 24576, 8.6, GPU-00000000-0000-0000-0000-fake00003090" ;;
@@ -96,9 +87,6 @@ esac
         # The toolkit's hook on the user's PATH: what the role looks for. dockerd here was not started with it,
         # so the decisive `docker run --gpus all` probe still fails, as it would on a host without the toolkit.
         _exe(bin_dir / "nvidia-container-runtime-hook", "#!/bin/sh\nexit 0\n", host.user)
-        replay = host.home / "replay.txt"
-        replay.write_text("0 1000000000 1100000000\n0.5 3000000000 3100000000\n1 1000000000 1100000000\n")
-        shutil.chown(replay, host.user, host.user)
 
         # The workstation's runner/ as the sidecar's source, without bytecode (the second run adds some).
         src = d / "ws" / "runner"
