@@ -24,18 +24,10 @@ from typing import Any
 import pytest
 import yaml
 from conftest import ANSIBLE_DIR, PLAYBOOK, ROOT, VENV_BIN
-from sshhost import free_port, gpu_host
+from sshhost import GPU, free_port, gpu_host
 
-GPU = {"gpu_index": 0, "gpu_name": "NVIDIA GeForce RTX 3090", "gpu_arch": "sm_86", "gpu_vram_gib": 24}
 UNIT = "runner-meter.service"
 BEGIN = "# BEGIN runner scrape jobs"
-
-
-def executable(path: Path, text: str, owner: str | None = None) -> None:
-    path.write_text(text)
-    path.chmod(0o755)
-    if owner:
-        shutil.chown(path, owner, owner)
 
 
 def ready_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
@@ -62,7 +54,6 @@ def ready_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
             "monitoring_grafana": False, "monitoring_prometheus_config": str(d / "prom" / "prometheus.yml"),
         }
         yield {"host": host, "d": d, "inv": inv, "ev": extravars, "src": src, "port": port}
-
 
 
 # --- running the playbook the way its user does: ansible-playbook on the command line ------------------------

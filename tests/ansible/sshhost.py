@@ -218,6 +218,8 @@ Host 127.0.0.1
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
+# The inventory's GPU facts for the stand-in host, and the series its sidecar replays instead of NVML.
+GPU = {"gpu_index": 0, "gpu_name": "NVIDIA GeForce RTX 3090", "gpu_arch": "sm_86", "gpu_vram_gib": 24}
 REPLAY = "0 1000000000 1100000000\n0.5 3000000000 3100000000\n1 1000000000 1100000000\n"
 
 
@@ -239,3 +241,11 @@ def gpu_host(workdir: Path) -> Iterator[SshHost]:
         for name in ("bin", "replay.txt"):
             shutil.chown(host.home / name, host.user, host.user)
         yield host
+
+
+def executable(path: Path, text: str, owner: str | None = None) -> None:
+    """A script at PATH (mode 755), owned by OWNER where given."""
+    path.write_text(text)
+    path.chmod(0o755)
+    if owner:
+        shutil.chown(path, owner, owner)

@@ -10,20 +10,16 @@ recorded series instead of NVML.
 from __future__ import annotations
 
 import shutil
-import stat
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from conftest import ROOT
-from sshhost import free_port, gpu_host
-
-GPU = {"gpu_index": 0, "gpu_name": "NVIDIA GeForce RTX 3090", "gpu_arch": "sm_86", "gpu_vram_gib": 24}
+from sshhost import GPU, executable, free_port, gpu_host
 
 # The user's own Prometheus config: jobs, alerting, rule files (relative, as Debian's are), external labels
 # and comments, none of which runner may drop.
@@ -63,20 +59,13 @@ groups:
 """
 
 
-def _exe(path: Path, text: str, owner: str) -> None:
-    path.write_text(text)
-    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    shutil.chown(path, owner, owner)
-
-
-
 def ssh_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The GPU host (sshhost.py's, with stand-ins for nvidia-smi and the toolkit's hook), an unreachable second
     host, and the workstation's Prometheus config, as a fixture yields them."""
     d = tmp_path_factory.mktemp("ssh-world")
     with gpu_host(d / "sshd") as host:
         bin_dir, replay = host.home / "bin", host.home / "replay.txt"
-        _exe(bin_dir / "nvidia-smi", """#!/bin/sh
+        executable(bin_dir / "nvidia-smi", """#!/bin/sh
 case "$*" in
   *--query-gpu=*) echo "NVIDIA GeForce RTX 3090, 615.71.09, 24576, 8.6, GPU-00000000-0000-0000-0000-fake00003090" ;;
   *--query-compute-apps=*) ;;
@@ -86,7 +75,7 @@ esac
 """, host.user)
         # The toolkit's hook on the user's PATH: what the role looks for. dockerd here was not started with it,
         # so the decisive `docker run --gpus all` probe still fails, as it would on a host without the toolkit.
-        _exe(bin_dir / "nvidia-container-runtime-hook", "#!/bin/sh\nexit 0\n", host.user)
+        executable(bin_dir / "nvidia-container-runtime-hook", "#!/bin/sh\nexit 0\n", host.user)
 
         # The workstation's runner/ as the sidecar's source, without bytecode (the second run adds some).
         src = d / "ws" / "runner"
@@ -130,12 +119,10 @@ esac
         subprocess.run(["docker", "rm", "--force", extravars["meters_dcgm_container"]], capture_output=True)
 
 
-
 def unit_state(host) -> tuple[str, str]:
     p = host.run("systemctl --user show runner-meter.service --property=ActiveState --property=MainPID")
     props = dict(line.split("=", 1) for line in p.stdout.split())
     return props.get("ActiveState", ""), props.get("MainPID", "")
-
 
 
 def local_base_image() -> str:

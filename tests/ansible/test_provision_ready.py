@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ready import BEGIN, Cli, cli, executable, interrupt_at, ready_world
+from ready import BEGIN, Cli, cli, interrupt_at, ready_world
+from sshhost import executable
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.usefixtures("clean_env")]
 
