@@ -258,10 +258,10 @@ def _stop_group(pgid: int, wait: Any) -> None:
 def _record_start(pid: int, name: str) -> Path | None:
     """One small JSON per running server; removed at stop. Best effort: no state folder, no record."""
     try:
-        started = psutil.Process(pid).create_time()
-    except psutil.Error:
+        started = owner.started(pid)
+    except (psutil.Error, OSError, ValueError):
         return None
-    doc = {"pid": pid, "started": started, "name": name, **owner.me().labels()}
+    doc = {"pid": pid, "since_boot": started, "name": name, **owner.me().labels()}
     path = state_dir() / f"{pid}-{int(started * 1000)}.json"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -307,7 +307,7 @@ def reap_orphans() -> list[str]:
     for path in sorted(folder.glob("*.json")):
         try:
             doc = json.loads(path.read_text())
-            pid, started = int(doc["pid"]), float(doc["started"])
+            pid, started = int(doc["pid"]), float(doc["since_boot"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
         dead, why = owner.owner_state({k: str(v) for k, v in doc.items()})
@@ -327,13 +327,13 @@ def reap_orphans() -> list[str]:
 
 def _group_members(pgid: int, started: float) -> list[psutil.Process]:
     out = []
-    for p in psutil.process_iter(["pid", "create_time", "status"]):
+    for p in psutil.process_iter(["pid", "status"]):
         try:
             if p.info["status"] == psutil.STATUS_ZOMBIE:
                 continue  # already dead, waiting for its parent to reap it
-            if os.getpgid(p.pid) == pgid and p.info["create_time"] >= started - 0.01:
+            if os.getpgid(p.pid) == pgid and owner.started(p.pid) >= started - 0.015:
                 out.append(p)
-        except (ProcessLookupError, PermissionError, psutil.Error):
+        except (ProcessLookupError, PermissionError, psutil.Error, OSError, ValueError):
             continue
     return out
 

@@ -1,8 +1,12 @@
-"""Who owns a server: this runner process (host, PID, process start time), written into every container's
+"""Who owns a server: this runner process (host, boot, PID, process start), written into every container's
 labels and into a record per local server, so that cleanup touches only what a dead runner left.
 
-A PID alone is not an identity (PIDs are reused); a PID with its start time is. A runner on another host
-cannot be checked from here, so its servers are never reaped.
+A PID alone is not an identity (PIDs are reused); a PID with its start is. The start is kept as seconds
+after boot (the kernel's own tick count, /proc/PID/stat), not as a wall-clock time: psutil's create_time is
+that count plus the boot time recomputed from the current clock, so any clock adjustment (NTP, a VM's
+host) moves it, and one runner then took another's live servers for orphans and killed them. The boot id
+tells a count from an earlier boot. A runner on another host cannot be checked from here, so its servers
+are never reaped.
 """
 
 from __future__ import annotations
@@ -11,40 +15,66 @@ import os
 import socket
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 
 import psutil
 
-HOST, PID, STARTED = "runner.owner.host", "runner.owner.pid", "runner.owner.started"
+# The start labels are new keys (not the wall-clock `runner.owner.started` of earlier runners): an older
+# runner's labels read as no owner, so they are kept, never compared across the two clocks.
+HOST, BOOT, PID, STARTED = "runner.owner.host", "runner.owner.boot", "runner.owner.pid", "runner.owner.since_boot"
+_PROC = Path("/proc")
 
 
 @dataclass(frozen=True)
 class Owner:
     host: str
+    boot: str  # the kernel's boot id ("" where the platform has none)
     pid: int
-    started: float  # psutil create_time of the runner process
+    started: float  # seconds after boot that the runner process started (wall clock where no /proc)
 
     def labels(self) -> dict[str, str]:
-        return {HOST: self.host, PID: str(self.pid), STARTED: f"{self.started:.3f}"}
+        return {HOST: self.host, BOOT: self.boot, PID: str(self.pid), STARTED: f"{self.started:.2f}"}
+
+
+@cache
+def boot_id() -> str:
+    try:
+        return (_PROC / "sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def started(pid: int) -> float:
+    """When process PID started, in seconds after boot: fixed for the process's life, whatever the clock does.
+    Raises psutil.NoSuchProcess when it is gone; without /proc, psutil's (wall-clock) create_time."""
+    if not (_PROC / "self/stat").exists():
+        return psutil.Process(pid).create_time()
+    try:
+        stat = (_PROC / str(pid) / "stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        raise psutil.NoSuchProcess(pid) from None
+    # Field 22 (starttime, in clock ticks); the fields after the command's closing parenthesis start at 3.
+    return int(stat.rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
 
 
 @cache
 def me() -> Owner:
-    return Owner(socket.gethostname(), os.getpid(), psutil.Process().create_time())
+    return Owner(socket.gethostname(), boot_id(), os.getpid(), started(os.getpid()))
 
 
-def process_alive(pid: int, started: float) -> bool:
-    """True when PID runs and is the process that started at `started` (not a reuse of its number)."""
+def process_alive(pid: int, since_boot: float) -> bool:
+    """True when PID runs and is the process that started at `since_boot` (not a reuse of its number)."""
     try:
-        return abs(psutil.Process(pid).create_time() - started) < 0.01
-    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return abs(started(pid) - since_boot) < 0.015  # one clock tick and the label's rounding
+    except psutil.NoSuchProcess:
         return False
-    except psutil.Error:
+    except (psutil.Error, OSError, ValueError, IndexError):
         return True  # cannot tell: assume alive, never reap what might be live
 
 
 def from_labels(labels: dict[str, str]) -> Owner | None:
     try:
-        return Owner(labels[HOST], int(labels[PID]), float(labels[STARTED]))
+        return Owner(labels[HOST], labels[BOOT], int(labels[PID]), float(labels[STARTED]))
     except (KeyError, ValueError):
         return None
 
@@ -58,6 +88,10 @@ def owner_state(labels: dict[str, str]) -> tuple[bool, str]:
         return False, "kept: this run's own"
     if owner.host != me().host:
         return False, f"kept: owned by a runner on host {owner.host}, which cannot be checked from here"
+    if owner.boot != me().boot:
+        if owner.boot and me().boot:
+            return True, f"its runner (PID {owner.pid} on {owner.host}) is gone: the machine has restarted since"
+        return False, "kept: the owner's boot cannot be compared with this one"
     if process_alive(owner.pid, owner.started):
         return False, f"kept: its runner (PID {owner.pid}) is still running"
     return True, f"its runner (PID {owner.pid} on {owner.host}) is gone"

@@ -59,7 +59,8 @@ HOLD_SCRIPT = "#!/bin/sh\n# runner: holds the lane's allocation; the servers are
 
 def owner_comment(run_id: str, card: str, me: owner.Owner | None = None) -> str:
     who = me or owner.me()
-    return f"{COMMENT}run={run_id};card={card};host={who.host};pid={who.pid};started={who.started:.3f}"
+    return (f"{COMMENT}run={run_id};card={card};host={who.host};boot={who.boot};pid={who.pid};"
+            f"since_boot={who.started:.2f}")
 
 
 def owner_labels(comment: str) -> dict[str, str] | None:
@@ -67,8 +68,8 @@ def owner_labels(comment: str) -> dict[str, str] | None:
     if not comment.startswith(COMMENT):
         return None
     fields = dict(kv.split("=", 1) for kv in comment[len(COMMENT):].split(";") if "=" in kv)
-    return {owner.HOST: fields.get("host", ""), owner.PID: fields.get("pid", ""),
-            owner.STARTED: fields.get("started", ""), "run": fields.get("run", ""), "card": fields.get("card", "")}
+    return {owner.HOST: fields.get("host", ""), owner.BOOT: fields.get("boot", ""), owner.PID: fields.get("pid", ""),
+            owner.STARTED: fields.get("since_boot", ""), "run": fields.get("run", ""), "card": fields.get("card", "")}
 
 
 def _me_user() -> str:

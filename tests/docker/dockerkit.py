@@ -74,11 +74,9 @@ def dead_owner_labels() -> dict[str, str]:
     import socket
     import subprocess
 
-    import psutil
-
     from runner.backends import owner
 
     proc = subprocess.Popen(["sleep", "0.1"])
-    started = psutil.Process(proc.pid).create_time()
+    started = owner.started(proc.pid)
     proc.wait()
-    return owner.Owner(socket.gethostname(), proc.pid, started).labels()
+    return owner.Owner(socket.gethostname(), owner.boot_id(), proc.pid, started).labels()

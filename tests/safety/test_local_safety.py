@@ -311,16 +311,29 @@ def test_next_run_stops_what_a_dead_runner_left(tmp_path: Path) -> None:
         run.close()
 
 
+CLOCK_STEPPED = """
+import psutil, psutil._pslinux as linux
+stepped = psutil.boot_time() + {shift}
+psutil.boot_time = linux.boot_time = lambda: stepped
+from runner.backends.local import reap_orphans
+print(reap_orphans())
+"""
+
+
 def test_cleanup_never_touches_a_live_runners_server(tmp_path: Path) -> None:
     port = free_port()
     server = LocalServer(*spec(tmp_path, port, (sys.executable, str(DECOY), str(port), str(tmp_path / "l.log"))))
     server.start()
     try:
         env = {**os.environ, "RUNNER_STATE_DIR": str(tmp_path / "state")}
-        out = subprocess.run([sys.executable, "-c", "from runner.backends.local import reap_orphans; "
-                              "print(reap_orphans())"], env=env, capture_output=True, text=True, timeout=30)
-        assert out.stdout.strip() == "[]", out
-        assert server.exited() is None
+        # The second cleanup sees the wall clock stepped by a second since the server started (NTP, a VM's
+        # host): psutil then computes every process's create_time a second later. That made a live runner
+        # look dead, and one test's runner killed the servers of runs in parallel with it.
+        for shift in (0, 1):
+            out = subprocess.run([sys.executable, "-c", CLOCK_STEPPED.format(shift=shift)], env=env,
+                                 capture_output=True, text=True, timeout=30)
+            assert out.stdout.strip() == "[]", out
+            assert server.exited() is None
     finally:
         server.stop()
     assert not list((tmp_path / "state").glob("*.json"))  # a clean stop removes its record

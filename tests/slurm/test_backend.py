@@ -12,7 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from runner.backends import owner
@@ -154,13 +153,13 @@ def test_scancel_of_the_step_from_outside_is_a_lost_server_and_resume_completes(
 def test_a_job_of_another_alive_run_is_never_cancelled_and_a_dead_ones_is(tag: str) -> None:
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead_started = psutil.Process(dead.pid).create_time()
+    dead_started = owner.started(dead.pid)
     dead.wait()
     try:
-        host = owner.me().host
-        live_owner = owner.Owner(host, alive.pid, psutil.Process(alive.pid).create_time())
-        gone_owner = owner.Owner(host, dead.pid, dead_started)
-        other_host = owner.Owner("some-other-login-node", 1, 1.0)
+        host, boot = owner.me().host, owner.me().boot
+        live_owner = owner.Owner(host, boot, alive.pid, owner.started(alive.pid))
+        gone_owner = owner.Owner(host, boot, dead.pid, dead_started)
+        other_host = owner.Owner("some-other-login-node", "another-boot", 1, 1.0)
         ids = {}
         for what, who in (("alive", live_owner), ("dead", gone_owner), ("remote", other_host)):
             ids[what] = client.sbatch([f"--job-name={tag}-{what}", f"--comment={backend.owner_comment(tag, what, who)}",
