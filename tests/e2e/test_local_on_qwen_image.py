@@ -52,7 +52,7 @@ def test_the_runners_per_reference_cost_is_the_accounted_growth(run_dir: Path) -
     from runner.refserver.qwen_image.engine import QwenEngine
 
     measured = verdicts(run_dir)["cpu-roomy"]["findings"]["flag_sets"]["default"]["memory"]["per_reference_bytes"]
-    matrix = tomllib.loads(EXAMPLE.read_text())
+    matrix = tomllib.loads(json.loads((run_dir / "run.json").read_text())["matrix"]["text"])  # as it was run
     run, fixture = matrix["run"], matrix["fixtures"]["shapes"]
     config = config_from_args(build_parser().parse_args(["--arch", "qwen-image", "--preset", "tiny"]))
     configure_torch(config)
