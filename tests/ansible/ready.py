@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 import yaml
 from conftest import ANSIBLE_DIR, PLAYBOOK, ROOT, VENV_BIN
-from sshhost import GPU, free_port, gpu_host
+from sshhost import GPU, SIDECAR_UNIT, free_port, gpu_host
 
-UNIT = "runner-meter.service"
+UNIT = SIDECAR_UNIT
 BEGIN = "# BEGIN runner scrape jobs"
 
 
@@ -123,12 +123,6 @@ def interrupt_at(world, tmp_path: Path, task: str, *args: str, ev: dict | None =
     assert any(line.startswith("TASK [") and task in line for line in out), f"never reached {task!r}:\n{text[-3000:]}"
     assert proc.returncode != 0, text[-3000:]
     return text
-
-
-def unit_state(host) -> dict[str, str]:
-    p = host.run(f"systemctl --user show {UNIT} --property=ActiveState --property=MainPID "
-                 "--property=UnitFileState --property=NeedDaemonReload")
-    return dict(line.split("=", 1) for line in p.stdout.split())
 
 
 def proc_of(pid: str) -> tuple[list[str], dict[str, str]]:

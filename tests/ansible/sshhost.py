@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+SIDECAR_UNIT = "runner-meter.service"  # the meters sidecar's systemd user unit (roles/meters_sidecar)
 SSHD = "/usr/sbin/sshd"
 SYSTEMD = "/lib/systemd/systemd"
 CGROUP_ROOTS = (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup/systemd"))
@@ -49,6 +50,12 @@ class SshHost:
         """A shell command as the user, with its systemd manager reachable."""
         return subprocess.run(["su", "-", self.user, "-c", f"export XDG_RUNTIME_DIR=/run/user/{self.uid}; {cmd}"],
                               capture_output=True, text=True, timeout=timeout)
+
+    def unit_state(self) -> dict[str, str]:
+        """The sidecar unit's state as systemd has it (ActiveState, MainPID, UnitFileState, NeedDaemonReload)."""
+        p = self.run(f"systemctl --user show {SIDECAR_UNIT} --property=ActiveState --property=MainPID "
+                     "--property=UnitFileState --property=NeedDaemonReload")
+        return dict(line.split("=", 1) for line in p.stdout.split())
 
 
 def skip_reason() -> str | None:

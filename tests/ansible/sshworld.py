@@ -119,12 +119,6 @@ esac
         subprocess.run(["docker", "rm", "--force", extravars["meters_dcgm_container"]], capture_output=True)
 
 
-def unit_state(host) -> tuple[str, str]:
-    p = host.run("systemctl --user show runner-meter.service --property=ActiveState --property=MainPID")
-    props = dict(line.split("=", 1) for line in p.stdout.split())
-    return props.get("ActiveState", ""), props.get("MainPID", "")
-
-
 def local_base_image() -> str:
     """An image on the local engine no other test removes: the offline base scripts/services.sh builds. The newest
     tagged image may be a test's short-lived one (test_ansible_runs imports and removes its pinned image while a

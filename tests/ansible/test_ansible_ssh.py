@@ -14,7 +14,7 @@ import httpx
 import pytest
 import yaml
 from conftest import run_playbook
-from sshworld import USER_PROM, ssh_world, unit_state
+from sshworld import USER_PROM, ssh_world
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.usefixtures("clean_env")]
 
@@ -51,7 +51,7 @@ def test_check_diff_on_a_fresh_host_finishes_and_lists_the_changes(world, tmp_pa
     assert not (host.home / ".local/share/runner-meter").exists()
     assert not (host.home / ".config/systemd/user/runner-meter.service").exists()
     assert not (host.home / ".cache/runner").exists()
-    assert unit_state(host)[0] in ("inactive", "")
+    assert host.unit_state().get("ActiveState", "") in ("inactive", "")
     assert "Accepted publickey for " + host.user in host_log(world)
 
 
@@ -78,8 +78,8 @@ def test_real_run_sidecar_up_despite_dcgm_and_an_unreachable_host(world, tmp_pat
     assert "-l rtx3090 --tags docker" in summary
 
     # The sidecar runs as the user's systemd unit and answers, with psutil in its venv.
-    state, pid = unit_state(host)
-    assert state == "active" and int(pid) > 0
+    unit = host.unit_state()
+    assert unit["ActiveState"] == "active" and int(unit["MainPID"]) > 0
     info = httpx.get(f"http://127.0.0.1:{world['sidecar_port']}/info", timeout=5).json()
     assert info["gpu"]["uuid"] == "GPU-REPLAY-replay"
     assert host.run("~/.local/share/runner-meter/venv/bin/python -c 'import psutil'").returncode == 0
@@ -113,14 +113,15 @@ def test_real_run_sidecar_up_despite_dcgm_and_an_unreachable_host(world, tmp_pat
 
 def test_second_run_changes_nothing_even_after_bytecode(world, tmp_path: Path) -> None:
     host = world["host"]
-    before_pid = unit_state(host)[1]
+    before_pid = host.unit_state()["MainPID"]
     prom_before = world["prom"].read_text()
     # What any `runner` command does to the workstation's runner/: bytecode next to the sources.
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(world["src"])], check=True)
     assert list(world["src"].rglob("__pycache__"))
     r = run_playbook(tmp_path, world["inv_all"], "all", world["ev"])
     assert r.changed == 0, r.stdout[-4000:]
-    assert unit_state(host) == ("active", before_pid)  # not restarted
+    unit = host.unit_state()
+    assert (unit["ActiveState"], unit["MainPID"]) == ("active", before_pid)  # not restarted
     assert world["prom"].read_text() == prom_before
     assert len(list(world["prom"].parent.glob("prometheus.yml.*~"))) == 1  # no new backup
     assert "rtx3090 READY: preflight, meters_sidecar, assets" in "\n".join(r.summary)
@@ -128,13 +129,14 @@ def test_second_run_changes_nothing_even_after_bytecode(world, tmp_path: Path) -
 
 def test_a_changed_source_restarts_the_sidecar_once(world, tmp_path: Path) -> None:
     host = world["host"]
-    before_pid = unit_state(host)[1]
+    before_pid = host.unit_state()["MainPID"]
     (world["src"] / "meters" / "provision_marker.py").write_text("# a changed source tree\n")
     r = run_playbook(tmp_path, world["inv_one"], "meters_sidecar", world["ev"])
     assert r.ok, r.failures
     assert r.changed >= 1
-    state, pid = unit_state(host)
-    assert state == "active" and pid != before_pid
+    unit = host.unit_state()
+    pid = unit["MainPID"]
+    assert unit["ActiveState"] == "active" and pid != before_pid
     assert (host.home / ".local/share/runner-meter/src/runner/meters/provision_marker.py").exists()
     again = run_playbook(tmp_path, world["inv_one"], "meters_sidecar", world["ev"])
-    assert again.ok and again.changed == 0 and unit_state(host)[1] == pid
+    assert again.ok and again.changed == 0 and host.unit_state()["MainPID"] == pid

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from ready import UNIT, cli, interrupt_at, proc_of, ready_world, unit_build, unit_state
+from ready import UNIT, cli, interrupt_at, proc_of, ready_world, unit_build
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.usefixtures("clean_env")]
 
@@ -76,29 +76,29 @@ def test_a_foreign_server_on_the_sidecar_port_is_named_and_nothing_loops(world, 
             assert "foreign.py" in r.text and f"of user {host.user}" in r.text, r.text
         # Left stopped and disabled, not restarting every 5 s.
         time.sleep(6)
-        state = unit_state(host)
+        state = host.unit_state()
         assert state["ActiveState"] in ("inactive", "failed") and state["MainPID"] == "0", state
         assert state["UnitFileState"] == "disabled", state
     # The port free again: READY, and /info comes from the unit's own process.
     r = cli(world, tmp_path, "-l", "rtx3090", "--tags", "meters_sidecar")
     assert r.rc == 0 and "rtx3090 READY: meters_sidecar" in r.text, r.out[-3000:]
-    state = unit_state(host)
+    state = host.unit_state()
     assert state["ActiveState"] == "active" and int(state["MainPID"]) > 0
     assert httpx.get(f"http://127.0.0.1:{port}/info", timeout=5).json()["gpu"]["uuid"] == "GPU-REPLAY-replay"
     # ...and a run with --check changes nothing and says READY too: the host is as it should be.
     r = cli(world, tmp_path, "-l", "rtx3090", "--tags", "meters_sidecar", "--check")
     assert r.rc == 0 and "rtx3090 READY: meters_sidecar" in r.text, r.out[-3000:]
-    assert unit_state(host)["MainPID"] == state["MainPID"]
+    assert host.unit_state()["MainPID"] == state["MainPID"]
 
 
 # --- 3: interrupted runs ------------------------------------------------------------------------------------
 
 def _sidecar_running(world, tmp_path: Path) -> dict[str, str]:
     """The sidecar as a plain run leaves it (started here if an earlier test left none)."""
-    state = unit_state(world["host"])
+    state = world["host"].unit_state()
     if state["ActiveState"] != "active":
         r = cli(world, tmp_path, "-l", "rtx3090", "--tags", "meters_sidecar")
-        state = unit_state(world["host"])
+        state = world["host"].unit_state()
         assert state["ActiveState"] == "active", (state, r.out[-3000:])
     return state
 
@@ -111,11 +111,11 @@ def test_new_code_runs_after_a_run_interrupted_before_the_restart(world, tmp_pat
     interrupt_at(world, tmp_path, "Create the sidecar's venv", "-l", "rtx3090", "--tags", "meters_sidecar")
     # The interruption came after the new code was unpacked and before any restart: the old process still runs.
     assert (host.home / ".local/share/runner-meter/src/runner/meters/interrupted_marker.py").exists()
-    assert unit_state(host)["MainPID"] == before["MainPID"]
+    assert host.unit_state()["MainPID"] == before["MainPID"]
 
     r = cli(world, tmp_path, "-l", "rtx3090", "--tags", "meters_sidecar")
     # What runs first (the point of the item), then what the run says.
-    after = unit_state(host)
+    after = host.unit_state()
     assert after["ActiveState"] == "active" and after["MainPID"] != before["MainPID"], (before, after, r.out[-3000:])
     assert proc_of(after["MainPID"])[1]["RUNNER_METER_BUILD"] == unit_build(host)
     assert r.rc == 0 and "rtx3090 READY: meters_sidecar" in r.text, r.out[-3000:]
@@ -129,11 +129,11 @@ def test_a_new_unit_runs_after_a_run_interrupted_at_the_restart(world, tmp_path:
                        ev={"meters_sidecar_hz": 250})
     # The unit file says 250, the process still runs with 500: the restart never happened.
     assert "--hz 250" in (host.home / ".config/systemd/user" / UNIT).read_text(), out[-2000:]
-    argv = proc_of(unit_state(host)["MainPID"])[0]
+    argv = proc_of(host.unit_state()["MainPID"])[0]
     assert argv[argv.index("--hz") + 1] == "500"
 
     r = cli(world, tmp_path, "-l", "rtx3090", "--tags", "meters_sidecar", ev={"meters_sidecar_hz": 250})
-    state = unit_state(host)
+    state = host.unit_state()
     argv = proc_of(state["MainPID"])[0]
     assert argv[argv.index("--hz") + 1] == "250" and state["NeedDaemonReload"] == "no", (argv, state, r.out[-3000:])
     assert r.rc == 0 and "rtx3090 READY: meters_sidecar" in r.text, r.out[-3000:]
