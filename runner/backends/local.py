@@ -259,7 +259,7 @@ def _record_start(pid: int, name: str) -> Path | None:
     """One small JSON per running server; removed at stop. Best effort: no state folder, no record."""
     try:
         started = owner.started(pid)
-    except (psutil.Error, OSError, ValueError):
+    except psutil.Error:
         return None
     doc = {"pid": pid, "since_boot": started, "name": name, **owner.me().labels()}
     path = state_dir() / f"{pid}-{int(started * 1000)}.json"
@@ -331,9 +331,9 @@ def _group_members(pgid: int, started: float) -> list[psutil.Process]:
         try:
             if p.info["status"] == psutil.STATUS_ZOMBIE:
                 continue  # already dead, waiting for its parent to reap it
-            if os.getpgid(p.pid) == pgid and owner.started(p.pid) >= started - 0.015:
+            if os.getpgid(p.pid) == pgid and owner.started(p.pid) >= started - owner.SAME_START_S:
                 out.append(p)
-        except (ProcessLookupError, PermissionError, psutil.Error, OSError, ValueError):
+        except (ProcessLookupError, PermissionError, psutil.Error):
             continue
     return out
 

@@ -23,6 +23,7 @@ import psutil
 # runner's labels read as no owner, so they are kept, never compared across the two clocks.
 HOST, BOOT, PID, STARTED = "runner.owner.host", "runner.owner.boot", "runner.owner.pid", "runner.owner.since_boot"
 _PROC = Path("/proc")
+SAME_START_S = 0.015  # two readings of one process's start differ by less: a clock tick and the labels' rounding
 
 
 @dataclass(frozen=True)
@@ -44,17 +45,27 @@ def boot_id() -> str:
         return ""
 
 
+@cache
+def _has_proc() -> bool:
+    return (_PROC / "self/stat").exists()
+
+
 def started(pid: int) -> float:
     """When process PID started, in seconds after boot: fixed for the process's life, whatever the clock does.
-    Raises psutil.NoSuchProcess when it is gone; without /proc, psutil's (wall-clock) create_time."""
-    if not (_PROC / "self/stat").exists():
+    Without /proc, psutil's (wall-clock) create_time. Every failure is a psutil.Error, as psutil's own:
+    NoSuchProcess when PID is gone, another kind when its start cannot be read."""
+    if not _has_proc():
         return psutil.Process(pid).create_time()
     try:
         stat = (_PROC / str(pid) / "stat").read_text()
     except (FileNotFoundError, ProcessLookupError):
         raise psutil.NoSuchProcess(pid) from None
-    # Field 22 (starttime, in clock ticks); the fields after the command's closing parenthesis start at 3.
-    return int(stat.rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+    except OSError as exc:
+        raise psutil.AccessDenied(pid) from exc
+    try:  # field 22 (starttime, in clock ticks); the fields after the command's closing parenthesis start at 3
+        return int(stat.rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+    except (IndexError, ValueError) as exc:
+        raise psutil.Error(f"/proc/{pid}/stat has no start time") from exc
 
 
 @cache
@@ -65,10 +76,10 @@ def me() -> Owner:
 def process_alive(pid: int, since_boot: float) -> bool:
     """True when PID runs and is the process that started at `since_boot` (not a reuse of its number)."""
     try:
-        return abs(started(pid) - since_boot) < 0.015  # one clock tick and the label's rounding
+        return abs(started(pid) - since_boot) < SAME_START_S
     except psutil.NoSuchProcess:
         return False
-    except (psutil.Error, OSError, ValueError, IndexError):
+    except psutil.Error:
         return True  # cannot tell: assume alive, never reap what might be live
 
 

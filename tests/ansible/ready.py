@@ -26,7 +26,6 @@ import yaml
 from conftest import ANSIBLE_DIR, PLAYBOOK, ROOT, VENV_BIN
 from sshhost import GPU, SIDECAR_UNIT, free_port, gpu_host
 
-UNIT = SIDECAR_UNIT
 BEGIN = "# BEGIN runner scrape jobs"
 
 
@@ -132,5 +131,5 @@ def proc_of(pid: str) -> tuple[list[str], dict[str, str]]:
 
 
 def unit_build(host) -> str:
-    text = (host.home / ".config/systemd/user" / UNIT).read_text()
+    text = (host.home / ".config/systemd/user" / SIDECAR_UNIT).read_text()
     return re.search(r"^Environment=RUNNER_METER_BUILD=(\S+)$", text, re.M).group(1)

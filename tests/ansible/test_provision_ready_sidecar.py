@@ -12,7 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from ready import UNIT, cli, interrupt_at, proc_of, ready_world, unit_build
+from ready import cli, interrupt_at, proc_of, ready_world, unit_build
+from sshhost import SIDECAR_UNIT
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.usefixtures("clean_env")]
 
@@ -128,7 +129,7 @@ def test_a_new_unit_runs_after_a_run_interrupted_at_the_restart(world, tmp_path:
     out = interrupt_at(world, tmp_path, "Enable and start the user unit", "-l", "rtx3090", "--tags", "meters_sidecar",
                        ev={"meters_sidecar_hz": 250})
     # The unit file says 250, the process still runs with 500: the restart never happened.
-    assert "--hz 250" in (host.home / ".config/systemd/user" / UNIT).read_text(), out[-2000:]
+    assert "--hz 250" in (host.home / ".config/systemd/user" / SIDECAR_UNIT).read_text(), out[-2000:]
     argv = proc_of(host.unit_state()["MainPID"])[0]
     assert argv[argv.index("--hz") + 1] == "500"
 
