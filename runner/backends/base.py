@@ -214,7 +214,7 @@ class RunningServer(ABC):
         StartInterrupted (after stopping it) as soon as `stop` is set."""
         t0 = time.monotonic()
         url = self.base_url + self.plan.profile.health_path
-        with httpx.Client() as client:
+        with bounded.client() as client:
             while True:
                 if stop is not None and stop.is_set():
                     self.stop()

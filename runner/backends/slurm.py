@@ -39,7 +39,7 @@ from runner.core.errors import UserError
 from runner.core.records import Failure, FailureClass
 from runner.core.registry import SlurmOptions
 from runner.core.secrets import resolve_env
-from runner.observe import quote
+from runner.observe import bounded, quote
 from runner.observe.failures import CLUSTER_CLASS
 from runner.observe.scheduler import cluster_end
 from runner.plan.lanes import Plan, ServerPlan
@@ -514,11 +514,12 @@ class SlurmServer(RunningServer):
             import httpx
 
             try:
-                doc = httpx.get(f"{url}/info", timeout=3.0).json()
+                with bounded.client() as client:  # what a node's sidecar sends is bounded like any answer
+                    doc = bounded.exchange(client, "GET", f"{url}/info", deadline_s=3.0, max_bytes=64 * 1024).json()
                 gpu = doc.get("gpu") if isinstance(doc, dict) else None
                 self._gpu = {k: quote.console(str(gpu.get(k)))[:200] for k in ("index", "uuid", "name", "driver")
                              if gpu.get(k) is not None} if isinstance(gpu, dict) else {}
-            except (httpx.HTTPError, ValueError):
+            except (httpx.HTTPError, bounded.Overdue, bounded.TooLarge, ValueError):
                 return None
         return self._gpu or None
 

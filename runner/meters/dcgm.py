@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from runner.backends.base import RunningServer
 from runner.core.registry import DcgmOptions
 from runner.core.units import MIB
 from runner.meters.base import Meter, PolledMeter, SourceUnavailable, fetch_text
+from runner.observe import bounded
 from runner.observe.reading import BadReading, to_bytes
 from runner.plan.matrix import Card
 
@@ -139,7 +139,7 @@ class DcgmMeter(PolledMeter):
         self.url = url if url.rstrip("/").endswith("/metrics") else url.rstrip("/") + "/metrics"
         self.gpu_spec = gpu
         self.declared_interval_s = interval_s  # an explicit -c setting, when the card knows it
-        self.client = httpx.Client(timeout=timeout_s)
+        self.client = bounded.client(timeout=timeout_s)
         self._chosen: DcgmGpu | None = None
         self._last_digest: str | None = None
         self._changes: list[float] = []

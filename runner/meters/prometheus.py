@@ -13,14 +13,12 @@ import math
 import time
 from typing import Any
 
-import httpx
-
 from runner.backends.base import RunningServer
 from runner.core.records import Peak
 from runner.core.registry import PrometheusOptions
 from runner.core.units import MIB
 from runner.meters.base import Meter, Series, SourceUnavailable, scrape
-from runner.observe import quote
+from runner.observe import bounded, quote
 from runner.observe.reading import number, to_bytes
 from runner.plan.matrix import Card
 
@@ -54,7 +52,7 @@ class PrometheusMeter(Meter):
         self.gpu = gpu
         self.settle_s = settle_s
         self.expr = f"{metric_name}{selector(gpu)}"
-        self.client = httpx.Client(timeout=timeout_s)
+        self.client = bounded.client(timeout=timeout_s)
         self._t_start: float | None = None
         self._t_stop: float | None = None
         self._queries = self._errors = 0

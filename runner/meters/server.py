@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from runner.backends.base import RunningServer
 from runner.core.records import Peak
 from runner.core.units import MIB
 from runner.meters.base import Meter, PolledMeter, SourceUnavailable, UnavailableMeter, fetch_text
+from runner.observe import bounded
 from runner.observe.reading import to_bytes
 from runner.plan.matrix import Card
 
@@ -53,7 +53,7 @@ class ServerMetricsMeter(PolledMeter):
     def __init__(self, server: RunningServer, hz: float) -> None:
         super().__init__("server", "device", hz)
         self.server = server
-        self.client = httpx.Client(timeout=2.0)
+        self.client = bounded.client(timeout=2.0)
         self.absent: str | None = None  # set once the server answered without any memory gauge
         self.kind: str | None = None  # "current" or "last-peak", once seen
 

@@ -14,14 +14,12 @@ import time
 import uuid
 from typing import Any
 
-import httpx
-
 from runner.backends.base import RunningServer
 from runner.core.records import Peak
 from runner.core.registry import SidecarOptions
 from runner.meters.base import Meter, Series, SourceUnavailable, scrape
 from runner.meters.idle import IdleBaseline
-from runner.observe import quote
+from runner.observe import bounded, quote
 from runner.observe.reading import BadReading, number, to_bytes
 from runner.plan.matrix import Card
 
@@ -55,7 +53,7 @@ class SidecarMeter(Meter):
         self.url = url.rstrip("/")
         self.poll_period = 1.0 / poll_hz
         self.reader = f"runner-{uuid.uuid4().hex[:12]}"
-        self.client = httpx.Client(timeout=timeout_s)
+        self.client = bounded.client(timeout=timeout_s)
         self._lock = threading.Lock()  # one /peak at a time: each read resets the sidecar's window
         # one row per successful poll: (start, end, t_max, used, reserved, samples) in this host's clock
         self._rows: list[tuple[float, float, float | None, int | None, int | None, int]] = []
@@ -193,7 +191,7 @@ def idle(card: Card) -> IdleBaseline:
     """The idle baseline the sidecar takes on the GPU's own host (its figures checked like readings)."""
     url = _url(card).rstrip("/") + "/idle"
     try:
-        with httpx.Client() as client:
+        with bounded.client() as client:
             response = scrape(client, url)
         if response.status != 200:
             raise SourceUnavailable(f"GET {url}: HTTP {response.status}")

@@ -142,7 +142,7 @@ def run_target(session_runner: object, target: Target) -> DiagnosisRecord:
             if target.step is None:  # the deciding load OOM did not repeat
                 outcome, why = "loaded", "no allocator snapshot: the load did not run out of memory this time"
             else:
-                with httpx.Client() as client:
+                with bounded.client() as client:
                     t1 = time.time()
                     why = _control(client, server.base_url, prof.start_path)
                     if why is None:

@@ -284,7 +284,7 @@ class SessionRunner:
         outcome: policy.Outcome = policy.Begin()
         server: _Server | None = None
         try:
-            with httpx.Client() as client:
+            with bounded.client() as client:
                 while True:
                     if self.ctx.stop.is_set() and state.pending:
                         outcome = policy.Interrupted()
