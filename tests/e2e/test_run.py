@@ -178,7 +178,7 @@ def test_crash_restarts_once_and_records_lost_steps(tmp_path: Path) -> None:
 def test_hang_times_out_restarts_and_start_failures_are_classified(tmp_path: Path) -> None:
     path = matrix(tmp_path, f"""
         [servers.never-listens]
-        command = ["{sys.executable}", "-c", "import time; time.sleep(120)"]
+        command = ["{sys.executable}", "-c", "import time; time.sleep(120)", "{tmp_path}"]
 
         [servers.oom-at-load]
         command = ["{sys.executable}", "-c", "import sys; print('{OOM_TEXT}'); sys.exit(1)"]
@@ -226,8 +226,11 @@ def test_hang_times_out_restarts_and_start_failures_are_classified(tmp_path: Pat
     assert "oom_at_load" in verdicts["dies-at-load"]["reason"]
     assert verdicts["hangs-at-load"]["world"] == "undecided"
     assert "ready_timeout" in verdicts["hangs-at-load"]["evidence"]["blocking"][0]["why"]
-    for p in psutil.process_iter(["cmdline"]):  # the never-listening server was stopped, not left behind
-        assert "time.sleep(120)" not in " ".join(p.info["cmdline"] or [])
+    # The never-listening server was stopped, not left behind. Its folder in its command tells it from other
+    # tests' sleepers running beside it (a parallel run met one).
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        assert not ("time.sleep(120)" in cmd and str(tmp_path) in cmd), cmd
 
 
 def test_interrupt_keeps_records_and_resume_finishes(tmp_path: Path) -> None:
