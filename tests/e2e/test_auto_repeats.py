@@ -64,7 +64,8 @@ def test_auto_decides_under_and_over_quickly_and_leaves_the_limit_undecided_afte
 
         [verdict]
         max_latency_ratio = 1
-        """, seeds="[1, 2]", repeats=f'"auto"\nmax_repeats = {MAX}')  # type: ignore[arg-type]
+        """, seeds="[1, 2]", repeats=f'"auto"\nmax_repeats = {MAX}',  # type: ignore[arg-type]
+        diagnosis="off")  # the default's OOMs bound the ratio's cells; what held their memory is not read here
     proc, run_dir = run(path, timeout=600)
     assert proc.returncode == 1, proc.stderr[-2000:]  # the card at the limit is undecided
     verdicts = {v["card"]: v for v in json.loads((run_dir / "verdict.json").read_text())["verdicts"]}

@@ -28,10 +28,11 @@ pytestmark = pytest.mark.slow
 
 
 def matrix(tmp: Path, body: str, *, seeds: str = "[1]", request_timeout: int = 30, ready_timeout: int = 90,
-           repeats: int = 1) -> Path:
+           repeats: int = 1, diagnosis: str = "oom") -> Path:
     text = textwrap.dedent(f"""
         [run]
         name = "e2e"
+        diagnosis = "{diagnosis}"
         seeds = {seeds}
         repeats = {repeats}
         steps = 2

@@ -137,7 +137,7 @@ def test_latency_interval_under_straddling_and_over_the_limit(tmp_path: Path) ->
 
         [verdict]
         max_latency_ratio = 2
-        """, seeds="[1, 2]", repeats=2)
+        """, seeds="[1, 2]", repeats=2, diagnosis="off")  # the OOMs bound the cells; what held them is not read
     proc, run_dir = run(path)
     assert proc.returncode == 1, proc.stderr[-2000:]  # the straddling card is undecided
     verdicts = {v["card"]: v for v in json.loads((run_dir / "verdict.json").read_text())["verdicts"]}
