@@ -2,30 +2,40 @@
 
 from __future__ import annotations
 
+import importlib.util
 import traceback
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
 from PIL import Image
 
-pytest.importorskip("diffusers")
+if TYPE_CHECKING:
+    from runner.refserver.engine import GenerationRequest
+    from runner.refserver.qwen_image.engine import QwenEngine
 
-from runner.refserver.cli import build_parser, config_from_args
-from runner.refserver.engine import GenerationRequest, configure_torch
-from runner.refserver.memory import as_raised_by_allocator, is_oom
-from runner.refserver.qwen_image.engine import QwenEngine
+# diffusers (and torch) are imported by the tests that run, not at collection: every xdist worker collects this
+# module, and the import cost each one ~3 CPU-s.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("diffusers") is None,
+                                reason="diffusers is missing (the dev extra installs it)")
 
 REFS = tuple(Image.new("RGB", (96, 96), c) for c in ((200, 30, 30), (30, 200, 30), (30, 30, 200), (200, 200, 30)))
 PROMPT = "Place the shapes from the reference images together on one table, in order."
 
 
 def engine(*flags: str) -> QwenEngine:
+    from runner.refserver.cli import build_parser, config_from_args
+    from runner.refserver.engine import configure_torch
+    from runner.refserver.qwen_image.engine import QwenEngine
+
     config = config_from_args(build_parser().parse_args(["--arch", "qwen-image", "--preset", "tiny", *flags]))
     configure_torch(config)
     return QwenEngine(config)
 
 
 def request(refs: int, steps: int = 2, seed: int = 1) -> GenerationRequest:
+    from runner.refserver.engine import GenerationRequest
+
     return GenerationRequest(prompt=PROMPT, references=REFS[:refs], width=128, height=128, steps=steps, seed=seed,
                              negative_prompt=" ")
 
@@ -61,6 +71,8 @@ def test_cond_cache_host_moves_the_prefix_kv_off_the_accounted_device() -> None:
 
 
 def test_an_accounted_oom_ends_in_diffusers_code_like_a_cuda_one() -> None:
+    from runner.refserver.memory import as_raised_by_allocator, is_oom
+
     e = engine()
     full = e.generate(request(3)).peak_bytes
     tight = engine("--vram-gib", str((full - 1) / 2**30))
@@ -74,6 +86,8 @@ def test_an_accounted_oom_ends_in_diffusers_code_like_a_cuda_one() -> None:
 
 
 def test_the_weights_too_large_for_the_budget_fail_at_load_in_diffusers_init() -> None:
+    from runner.refserver.memory import as_raised_by_allocator, is_oom
+
     with pytest.raises(Exception) as caught:
         engine("--vram-gib", str(4 / 1024))
     frames = traceback.extract_tb(as_raised_by_allocator(caught.value).__traceback__)
