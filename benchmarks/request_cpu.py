@@ -12,61 +12,34 @@ runner's own source. Rounds interleave the trees, so a change in the machine's l
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
-from refserver import free_port, reference
+from refserver import reference, request
+from server_start import launch, process_cpu_s
 
-ARCHS = {  # the presets the suite runs most, at the sizes its matrices use
-    "dit": (["--preset", "tiny", "--vram-gib", "0.02"], {"size": "64x64", "num_inference_steps": 4}),
+ARCHS = {  # the presets the suite runs most, at the sizes its matrices use: server flags, request fields
+    "dit": (["--preset", "tiny", "--vram-gib", "0.02"], argparse.Namespace(size="64x64", steps=4)),
     "qwen-image": (["--arch", "qwen-image", "--preset", "tiny", "--vram-gib", "0.016"],
-                   {"size": "128x128", "num_inference_steps": 8}),
+                   argparse.Namespace(size="128x128", steps=8)),
 }
 
 
-def cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def per_request(tree: Path, arch: str, requests: int, refs: list[str]) -> float:
-    server_args, extra = ARCHS[arch]
-    port = free_port()
-    # `-m` puts the working directory first on sys.path: the tree's runner, not the venv's editable install.
-    proc = subprocess.Popen([sys.executable, "-m", "runner.refserver", "--port", str(port), *server_args], cwd=tree,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    content = [{"type": "text", "text": "put the shapes together"}]
-    content += [{"type": "image_url", "image_url": {"url": u}} for u in refs]
-    body = {"model": "refserver", "messages": [{"role": "user", "content": content}],
-            "extra_body": {**extra, "seed": 2301, "true_cfg_scale": 4.0, "negative_prompt": " "}}
+    server_args, fields = ARCHS[arch]
+    asked = argparse.Namespace(**vars(fields), true_cfg_scale=4.0, request_timeout=120)
+    proc, url = launch(server_args, cwd=tree)
     try:
-        while True:
-            if proc.poll() is not None:
-                raise SystemExit(f"the {arch} server of {tree} exited with {proc.returncode} before it was ready")
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-
         def send() -> None:
-            r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
-            if r.status_code != 200:
-                raise SystemExit(f"the {arch} server of {tree} answered {r.status_code}: {r.text[:300]}")
+            status, _, _ = request(url, refs, asked)
+            if status != 200:
+                raise SystemExit(f"the {arch} server of {tree} answered {status}")
 
         send()  # warm-up: first-call costs are not a request's
-        before = cpu_s(proc.pid)
+        before = process_cpu_s(proc.pid)
         for _ in range(requests):
             send()
-        return (cpu_s(proc.pid) - before) / requests
+        return (process_cpu_s(proc.pid) - before) / requests
     finally:
         proc.terminate()
         proc.wait(30)

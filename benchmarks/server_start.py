@@ -14,6 +14,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 
@@ -24,26 +25,41 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def one_start(server_args: list[str]) -> tuple[float, float]:
+def launch(server_args: list[str], cwd: Path | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    """A reference server started with `server_args` and answered 200 on /health: the process and its URL.
+    `cwd`: a source tree whose runner to run (`-m` puts it first on sys.path, before the venv's editable install)."""
     port = free_port()
-    t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "runner.refserver", "--port", str(port), *server_args],
+    proc = subprocess.Popen([sys.executable, "-m", "runner.refserver", "--port", str(port), *server_args], cwd=cwd,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
     try:
         while True:
             if proc.poll() is not None:
                 raise SystemExit(f"the server exited with {proc.returncode} before it was ready")
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    return proc, url
             except httpx.HTTPError:
                 pass
             time.sleep(0.05)
-        wall = time.monotonic() - t0
-        with open(f"/proc/{proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        return wall, cpu
+    except BaseException:
+        proc.terminate()
+        proc.wait(30)
+        raise
+
+
+def process_cpu_s(pid: int) -> float:
+    """The process's own CPU so far (user + system), nothing of its children."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def one_start(server_args: list[str]) -> tuple[float, float]:
+    t0 = time.monotonic()
+    proc, _ = launch(server_args)
+    try:
+        return time.monotonic() - t0, process_cpu_s(proc.pid)
     finally:
         proc.terminate()
         proc.wait(30)

@@ -282,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(config.faults.slow_load_s)
     app = create_app(engine, config)
     # The model, torch and diffusers live as long as the server: the full collection after every request
-    # (app.py) skips them. It walked them all, a fifth of a CPU request's time.
+    # (app.py) skips them. It walked them all: a quarter (Qwen-Image) to a half (DiT) of a CPU request's
+    # time (benchmarks/request_cpu.py).
     gc.freeze()
     server = uvicorn.Server(uvicorn.Config(
         app, host=config.host, port=config.port, log_config=None, access_log=False, workers=1,
