@@ -4,6 +4,7 @@ costly or exclusive thing on one worker."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -70,6 +71,11 @@ def matrix_dir(tmp_path: Path) -> Path:
 
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+# Asked of the installed packages, not imported: every xdist worker collects every module, and importing diffusers
+# (and torch) at collection cost each one ~5 CPU-s. The tests that need it import it as they run.
+needs_diffusers = pytest.mark.skipif(importlib.util.find_spec("diffusers") is None,
+                                     reason="diffusers is missing (the dev extra installs it)")
 
 
 def example_copy(name: str, folder: Path, verdict: dict[str, str] | None = None,

@@ -5,7 +5,6 @@ the runner's per-reference cost against the accounted growth measured in process
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import tomllib
 from pathlib import Path
@@ -14,15 +13,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.conftest import ExampleRun
+from tests.conftest import ExampleRun, needs_diffusers
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "local.toml"
 
-# Asked of the installed packages, not imported: these tests only read the shared run's files, and importing
-# diffusers (and torch) cost every xdist worker ~5 CPU-s at collection.
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("diffusers") is None,
-                                                   reason="diffusers is missing (the dev extra installs it)")]
+pytestmark = [pytest.mark.slow, needs_diffusers]  # these tests only read the shared run's files
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import traceback
 from typing import TYPE_CHECKING
 
@@ -10,14 +9,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.conftest import needs_diffusers
+
 if TYPE_CHECKING:
     from runner.refserver.engine import GenerationRequest
     from runner.refserver.qwen_image.engine import QwenEngine
 
-# diffusers (and torch) are imported by the tests that run, not at collection: every xdist worker collects this
-# module, and the import cost each one ~3 CPU-s.
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("diffusers") is None,
-                                reason="diffusers is missing (the dev extra installs it)")
+pytestmark = needs_diffusers  # diffusers is imported by the tests as they run (engine() below), not at collection
 
 REFS = tuple(Image.new("RGB", (96, 96), c) for c in ((200, 30, 30), (30, 200, 30), (30, 30, 200), (200, 200, 30)))
 PROMPT = "Place the shapes from the reference images together on one table, in order."
