@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import matplotlib.colors as mcolors
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import LineCollection
 from matplotlib.patches import Rectangle
 
@@ -99,7 +100,6 @@ def test_every_flag_set_is_in_the_capacity_legend_with_one_style_across_cards() 
         # "not served" crosses are black: no flag set shares their colour
         crosses = [ln for ln in fig.axes[0].get_lines() if ln.get_marker() == "x"]
         assert crosses and all(mcolors.to_hex(c.get_color()) == "#000000" for c in crosses)
-        plots.plt.close(fig)
     assert colours["a"] == colours["b"] and len(set(colours["a"].values())) == len(ORDER)
     assert "#000000" not in colours["a"].values() and mcolors.to_hex("tab:red") not in colours["a"].values()
 
@@ -126,7 +126,6 @@ def test_broken_steps_are_not_shaded_as_served() -> None:
     # sparse series are steps, not straight ramps
     trace = next(ln for ln in fig.axes[0].get_lines() if ln.get_label() == "server (sampled)")
     assert trace.get_drawstyle() == "steps-post"
-    plots.plt.close(fig)
 
 
 def test_oom_at_load_session_gets_a_plot_that_says_so() -> None:
@@ -139,7 +138,6 @@ def test_oom_at_load_session_gets_a_plot_that_says_so() -> None:
     note = " ".join(t.get_text() for ax in fig.axes for t in ax.texts)
     assert "no device reading while loading" in note and "CUDA out of memory" in note
     assert "5.00 MiB" in note or note.endswith("…")  # the quoted evidence is never cut mid-number
-    plots.plt.close(fig)
     # without any memory row at all it still gets its plot
     assert plots.session_figure(never_started("c"), [], [], 5 * MIB) is not None
 
@@ -154,7 +152,6 @@ def test_latency_plot_shows_the_spread_of_repeats() -> None:
     (lo, hi) = bars.get_segments()[0][:, 1]
     assert lo == pytest.approx(0.4) and hi == pytest.approx(0.9)
     assert "repeats" in fig.axes[0].get_title()
-    plots.plt.close(fig)
 
 
 def test_an_oom_is_drawn_at_the_capacity_line_not_at_the_lower_sampled_reading() -> None:
@@ -163,7 +160,6 @@ def test_an_oom_is_drawn_at_the_capacity_line_not_at_the_lower_sampled_reading()
     fig = plots.capacity_figure("c", cells, ["default"], 6 * MIB, plots.flag_styles(["default"]), {})
     line = next(ln for ln in fig.axes[0].get_lines() if ln.get_label() == "default")
     assert list(line.get_ydata()) == [4.0, 6.0]
-    plots.plt.close(fig)
 
 
 def test_a_host_memory_oom_is_drawn_at_its_reading_not_at_the_cards_capacity() -> None:
@@ -177,7 +173,6 @@ def test_a_host_memory_oom_is_drawn_at_its_reading_not_at_the_cards_capacity() -
     fig = plots.capacity_figure("c", cells, ["default"], 6 * MIB, plots.flag_styles(["default"]), {})
     line = next(ln for ln in fig.axes[0].get_lines() if ln.get_label() == "default")
     assert list(line.get_ydata()) == [4.0, 4.5]
-    plots.plt.close(fig)
     at_load = Failure(kind=FailureClass.OOM_AT_LOAD, message="killed at load",
                       oom=OomReport(message="OOMKilled", source="engine", memory="host"))
     assert plots.start_failure_label(at_load) == "host-memory OOM at load"
@@ -203,8 +198,9 @@ def test_the_load_note_sits_outside_the_data_and_quotes_the_reading_at_readiness
     session, steps, rows = _four_steps_and_a_late_first_reading()
     fig = plots.session_figure(session, steps, rows, 6 * MIB)
     assert fig is not None
-    fig.canvas.draw()
-    renderer = fig.canvas.get_renderer()
+    canvas = FigureCanvasAgg(fig)  # the renderer savefig would use (the figure is made without pyplot)
+    canvas.draw()
+    renderer = canvas.get_renderer()
     notes = [t for ax in fig.axes for t in ax.texts if t.get_gid() == "notes"]
     assert len(notes) == 1
     box = notes[0].get_bbox_patch().get_window_extent(renderer)
@@ -216,7 +212,6 @@ def test_the_load_note_sits_outside_the_data_and_quotes_the_reading_at_readiness
     assert "no device reading while loading" in text
     assert "at readiness 3.13 MiB" in text  # what the session table's load-peak column gives
     assert "until load is over" not in text
-    plots.plt.close(fig)
 
 
 def test_timeline_separators_fall_where_the_reference_count_changes() -> None:
@@ -237,7 +232,6 @@ def test_timeline_separators_fall_where_the_reference_count_changes() -> None:
     x_end = max(v[0] for v in first.get_path().transformed(first.get_patch_transform()).vertices)
     x_next = min(v[0] for v in second.get_path().transformed(second.get_patch_transform()).vertices)
     assert x_end == pytest.approx(x_next)
-    plots.plt.close(fig)
 
 
 def test_latency_plot_draws_the_median_as_the_tables_do() -> None:
@@ -249,7 +243,6 @@ def test_latency_plot_draws_the_median_as_the_tables_do() -> None:
     assert list(line.get_ydata()) == pytest.approx([0.5, 0.5])  # the median; the mean would be 0.6
     assert all(c.wall_s == pytest.approx(0.5) for c in cells)  # the tables' figure
     assert "median" in fig.axes[0].get_title()
-    plots.plt.close(fig)
 
 
 def _held(resident: float, request_sites: tuple[float, ...]) -> HeldMemory:
