@@ -143,6 +143,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         group = xdist_group(item)
         if group is not None and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(group))
+    # The slow modules first, each kept whole and in file order: xdist hands out the largest groups first and
+    # then single tests in this order, so a minute-long test no longer starts last and leaves one worker busy
+    # while the others are done (the tail of the 2026-12-04 runs, docs/benchmarks.md).
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)
 
 
 # RUNNER_TEST_CPU_LOG=FILE: one JSON line per test with its wall time and the CPU seconds of the worker and of

@@ -15,10 +15,13 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.core.test_latency_words import unreadable
 from tests.safety.hostile_matrix import HOSTILE, ROOT
 
 REFS = [ROOT / "examples" / "refs" / f"ref-{i}.png" for i in (1, 2)]
+pytestmark = pytest.mark.slow  # a real run each, 10-40 s
 CARDS = {"a1-spike": ("spike", 100), "a2-wide": ("wide", 4)}  # card: (the offload's mode, max_repeats)
 
 
