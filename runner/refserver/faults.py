@@ -11,6 +11,9 @@ for more sends of the same requests must not replay the draws of its first start
 quarter before decoding), as if it had been corrupted on its way: 0.30 drops it with its warning and serves.
 `zero-peak[@N]` reports a peak of 0.0 (in the response's metrics and the /metrics gauge), as vLLM-Omni does
 when its worker measured nothing.
+`scraped[@N]` holds the response until /metrics has been scraped twice since the request arrived (at most
+10 s): a poller's first reading then lies inside the request's window on its own clock (it is taken before its
+second scrape is sent), so a test of what a window holds does not depend on the machine's load.
 `host-memory=MIB@N` makes request N allocate (and touch, and keep) MIB MiB of host memory, and
 `load-host-memory=MIB` the same at load: under a container's memory limit the kernel's OOM killer ends the
 server, the host-memory OOM the runner must tell from a crash and from a CUDA OOM.
@@ -22,7 +25,8 @@ import os
 import random
 from dataclasses import dataclass, field
 
-REQUEST_FAULTS = ("exit", "hang", "malformed-json", "no-image", "wrong-size", "transparent", "grey", "zero-peak")
+REQUEST_FAULTS = ("exit", "hang", "malformed-json", "no-image", "wrong-size", "transparent", "grey", "zero-peak",
+                  "scraped")
 LOAD_FAULTS = ("load-fail", "slow-load", "jitter", "corrupt-ref", "load-host-memory")
 SIZED_FAULTS = ("host-memory",)  # KIND=MIB@N: a size and the request it applies to
 # Faults that make no sense "on every request" must name their request.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -15,6 +16,8 @@ BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, float("in
 class Metrics:
     def __init__(self, engine: AnyEngine, config: ServerConfig | None = None) -> None:
         r = self.registry = CollectorRegistry()
+        self.scrapes = 0  # /metrics renders so far, for fault scraped
+        self._scraped = threading.Condition()
         # vLLM-Omni 0.30's own gauge (exported with --log-stats): the last request's peak, in MB of the
         # allocator's *reserved* memory, per stage; this server has one stage, "0".
         self.vllm_peak = None
@@ -54,4 +57,12 @@ class Metrics:
         self.seconds.observe(seconds)
 
     def render(self) -> bytes:
+        with self._scraped:
+            self.scrapes += 1
+            self._scraped.notify_all()
         return generate_latest(self.registry)
+
+    def wait_for_scrapes(self, count: int, timeout_s: float) -> bool:
+        """Block until /metrics has been rendered `count` times in all (fault scraped); False on timeout."""
+        with self._scraped:
+            return self._scraped.wait_for(lambda: self.scrapes >= count, timeout_s)

@@ -27,7 +27,9 @@ def test_todays_chat_contract_peaks_and_a_zero_is_no_peak(tmp_path: Path) -> Non
 
         [flags.zero]
         role = "other"
-        args = ["--api", "0.32", "--log-stats", "--fault", "zero-peak"]
+        # scraped: each response waits for the server meter's poll, so its window holds a reading at any load
+        # (a 128x128 request is shorter than the meter's 50 ms period on a fast hour: b0, 2026-12-04)
+        args = ["--api", "0.32", "--log-stats", "--fault", "zero-peak", "--fault", "scraped"]
 
         [matrix]
         references = [1, 2]
@@ -55,4 +57,5 @@ def test_todays_chat_contract_peaks_and_a_zero_is_no_peak(tmp_path: Path) -> Non
         first_available = next(p for p in s["peaks"] if p["available"])
         assert first_available["source"] == "server" and first_available["bytes"] > 0
         assert all(p["bytes"] != 0 for p in s["peaks"])
+    assert "not scraped twice" not in (run_dir / "c/zero/server.log").read_text()  # each wait was met
     no_server_left(run_dir)
