@@ -150,10 +150,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.path not in slow)
 
 
-# RUNNER_TEST_CPU_LOG=FILE: one JSON line per test with its wall time and the CPU seconds of the worker and of
-# the children it waited for (the runner, servers, ansible-playbook), setup included. What it cannot see:
-# containers (dockerd's children) and Slurm steps (slurmd's); docs/benchmarks.md compares the sum with
-# the machine's total. The suite's CPU, not its wall time, is the floor on two cores.
+# RUNNER_TEST_CPU_LOG=FILE: one JSON line per test with its wall time, its worker, when it ended (epoch s) and
+# the CPU seconds of the worker and of the children it waited for (the runner, servers, ansible-playbook), setup
+# included. What it cannot see: containers (dockerd's children) and Slurm steps (slurmd's); docs/benchmarks.md
+# compares the sum with the machine's total. The suite's CPU, not its wall time, is the floor on two cores.
 CPU_LOG = os.environ.get("RUNNER_TEST_CPU_LOG")
 
 
@@ -169,7 +169,8 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
         return
     cpu, wall = _cpu_s(), time.monotonic()
     yield
-    line = {"test": item.nodeid, "wall_s": round(time.monotonic() - wall, 2), "cpu_s": round(_cpu_s() - cpu, 2)}
+    line = {"test": item.nodeid, "wall_s": round(time.monotonic() - wall, 2), "cpu_s": round(_cpu_s() - cpu, 2),
+            "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "ended": round(time.time(), 1)}
     with open(CPU_LOG, "a") as log:  # one short write per line: the workers' lines do not interleave
         log.write(json.dumps(line) + "\n")
 

@@ -107,6 +107,16 @@ def docker_answers() -> bool:
         return False
 
 
+def local_base_image() -> str:
+    """An image on the local engine no other test removes: the offline base scripts/services.sh builds. The newest
+    tagged image may be a test's short-lived one (test_ansible_runs imports and removes its pinned image while a
+    build here used it: a clean-clone failure, 2026-12-03)."""
+    base = "runner-base:bookworm"
+    if subprocess.run(["docker", "image", "inspect", base], capture_output=True).returncode != 0:
+        pytest.skip(f"no {base} image: scripts/services.sh builds it (docker/refserver/build.sh)")
+    return base
+
+
 @pytest.fixture
 def inventory(tmp_path: Path):
     def make(**host_vars: Any) -> Path:

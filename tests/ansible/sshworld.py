@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, local_base_image
 from sshhost import GPU, executable, free_port, gpu_host
 
 # The user's own Prometheus config: jobs, alerting, rule files (relative, as Debian's are), external labels
@@ -117,13 +117,3 @@ esac
         yield {"host": host, "d": d, "inv_all": inv_all, "inv_one": inv_one, "ev": extravars, "prom": prom,
                "src": src, "sidecar_port": sidecar_port}
         subprocess.run(["docker", "rm", "--force", extravars["meters_dcgm_container"]], capture_output=True)
-
-
-def local_base_image() -> str:
-    """An image on the local engine no other test removes: the offline base scripts/services.sh builds. The newest
-    tagged image may be a test's short-lived one (test_ansible_runs imports and removes its pinned image while a
-    build here used it: a clean-clone failure, 2026-12-03)."""
-    base = "runner-base:bookworm"
-    if subprocess.run(["docker", "image", "inspect", base], capture_output=True).returncode != 0:
-        pytest.skip(f"no {base} image: scripts/services.sh builds it (docker/refserver/build.sh)")
-    return base

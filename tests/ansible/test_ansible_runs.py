@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ANSIBLE_DIR, local_inventory, run_playbook
+from conftest import ANSIBLE_DIR, local_base_image, local_inventory, run_playbook
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_env")]
 
@@ -151,7 +151,8 @@ def test_assets_refuse_placeholders_and_a_changed_manifest(tmp_path: Path, inven
 
 @pytest.mark.docker
 def test_docker_checks_report_and_install_nothing(tmp_path: Path, inventory, docker_engine) -> None:
-    r = run_playbook(tmp_path, inventory(), "docker")
+    # probed with an image no test removes: the newest local image may be another test's, gone by the probe
+    r = run_playbook(tmp_path, inventory(), "docker", {"docker_probe_image": local_base_image()})
     assert "answers for" in r.stdout and "--gpus:" in r.stdout
     assert r.changed == 0  # runner_install_packages is false: nothing installed or configured
     if r.ok:  # a machine where `docker run --gpus all` works

@@ -9,9 +9,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import run_playbook
+from conftest import local_base_image, run_playbook
 from sshhost import free_port
-from sshworld import local_base_image, ssh_world
+from sshworld import ssh_world
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.usefixtures("clean_env")]
 
