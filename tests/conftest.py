@@ -21,6 +21,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+# pytest rewrites every test module's asserts at import and caches the result beside it, unless bytecode writing
+# is off (PYTHONDONTWRITEBYTECODE, as on CI): then each xdist worker rewrote and compiled all ~240 modules again,
+# ~8 CPU-s a process, at every run. On here, for the test modules only (the environment, and so every child,
+# keeps it off): a second run collects in ~5 CPU-s a process. A fresh clone's first run has no cache to read.
+sys.dont_write_bytecode = False
+
 
 def write_png(path: Path, seed: int, size: tuple[int, int] = (64, 48)) -> Path:
     rng = np.random.default_rng(seed)
