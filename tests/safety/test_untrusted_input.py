@@ -194,6 +194,7 @@ def test_item10_a_huge_body_is_refused_at_the_cap(serving: Callable) -> None:
     assert record.failure.kind == FailureClass.BAD_RESPONSE and "over the cap" in record.failure.message
 
 
+@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")  # as `runner` does (cli.cmd_run)
 def test_item10_an_image_declaring_too_many_pixels_is_never_decoded(tmp_path: Path) -> None:
     sys.path.insert(0, str(HOSTILE.parent))
     from hostile import png  # a 12000x12000 PNG of ~140 KB, written row by row
