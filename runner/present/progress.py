@@ -42,6 +42,9 @@ def column_widths(console_width: int, lane_width: int, count_width: int) -> tupl
 def step_line(r: StepRecord) -> str:
     head = f"{r.key}"
     if r.status == Status.SKIPPED:
+        if r.implied_by:  # short, one line at a terminal: the deciding step named within the session (the record
+            # keeps the whole reason); an OOM at 2 refs with 4 seeds skips eleven steps, each with this line
+            return f"{head}: skipped, implied by the OOM at {r.implied_by.removeprefix(f'{r.card}/{r.flags}/')}"
         return f"{head}: skipped ({r.skip_reason})"
     if r.status == Status.FAILED:
         after = f" after {fmt_s(r.wall_s)} s" if r.wall_s is not None else ""

@@ -85,6 +85,19 @@ def test_bars_do_not_say_done_for_steps_left_after_ctrl_c() -> None:
     assert view.progress.tasks[2].fields["session"] == "stopped: 1 left to do"
 
 
+def test_a_step_an_oom_implies_is_one_short_line_naming_the_deciding_step() -> None:
+    buf = io.StringIO()
+    view = ProgressView(Console(file=buf, width=100, color_system=None), enabled=False)
+    view.lane_started("cpu", ("cpu-tight",), 2)
+    implied = step("cpu-tight", "cpu-offload", 4, Status.SKIPPED, seed=2302).model_copy(update={
+        "implied_by": "cpu-tight/cpu-offload/refs-3/f-seed-2301",
+        "skip_reason": "implied by an out-of-memory at 3 reference(s) in this session "
+                       "(cpu-tight/cpu-offload/refs-3/f-seed-2301)"})
+    view.step_done(implied)
+    assert buf.getvalue().splitlines() == [
+        "cpu-tight/cpu-offload/refs-4/f-seed-2302: skipped, implied by the OOM at refs-3/f-seed-2301"]
+
+
 def test_a_start_failure_gives_its_reason_on_its_line() -> None:
     buf = io.StringIO()
     view = ProgressView(Console(file=buf, width=200, color_system=None), enabled=False)
