@@ -45,33 +45,13 @@ def test_an_oversized_reference_is_refused_from_its_header(tmp_path: Path, size:
     assert str(caught.value).startswith(f"m.toml: key 'fixtures.f.references[0]': {path}")
 
 
-def test_the_run_stops_in_one_line_before_any_server_starts(tmp_path: Path) -> None:
-    big = header_only_png(tmp_path / "big.png", 12000, 12000)
-    matrix = tmp_path / "m.toml"
-    matrix.write_text(f"""
-[run]
-seeds = [1]
-steps = 1
-results_dir = "{tmp_path / 'results'}"
-
-[servers.ref]
-command = ["{{python}}", "-m", "runner.refserver", "--port", "{{port}}"]
-
-[cards.c]
-server = "ref"
-vram_mib = 64
-
-[flags.default]
-role = "default"
-
-[fixtures.f]
-prompt = "p"
-references = ["{big}"]
-""")
+def test_the_run_stops_in_one_line_before_any_server_starts(matrix_dir: Path) -> None:
+    big = header_only_png(matrix_dir / "refs" / "b.png", 12000, 12000)  # the minimal matrix's second reference
+    matrix = matrix_dir / "matrix.toml"
     proc = subprocess.run([sys.executable, "-m", "runner", str(matrix), "--no-progress"], capture_output=True,
-                          text=True, timeout=120, cwd=tmp_path)
+                          text=True, timeout=120, cwd=matrix_dir)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [
-        f"runner: error: {matrix}: key 'fixtures.f.references[0]': {big} says it is 12000x12000 pixels (at most "
-        "16384 per side and 50 megapixels)"], proc.stderr
-    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
+        f"runner: error: {matrix}: key 'fixtures.pair.references[1]': {big.resolve()} says it is 12000x12000 pixels "
+        "(at most 16384 per side and 50 megapixels)"], proc.stderr
+    assert not (matrix_dir / "results").exists()
