@@ -145,7 +145,8 @@ class ProgressView(Events):
 
     def diagnosis_done(self, record: DiagnosisRecord) -> None:
         what = f"allocator snapshot {record.snapshot}" if record.snapshot else (record.why_none or "no snapshot")
-        refs = "load" if record.references is None else f"{record.references} ref"
+        n = record.references
+        refs = "load" if n is None else f"{n} ref{'' if n == 1 else 's'}"
         self.console.print(quote.console(f"{record.key}: diagnosis pass ({record.at}, {refs}) in "
                                          f"{fmt_s(record.total_s)} s: {record.outcome}; {what}"),
                            highlight=False, markup=False)

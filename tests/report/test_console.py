@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 
 from runner.cli import invoked_as
-from runner.core.records import FailureClass, Status
+from runner.core.records import DiagnosisRecord, FailureClass, Status
 from runner.judge.decision import Evidence, Latency, Verdict, World
 from runner.present.progress import ProgressView, column_widths, verdict_line
 from runner.run import policy
@@ -96,6 +96,22 @@ def test_a_step_an_oom_implies_is_one_short_line_naming_the_deciding_step() -> N
     view.step_done(implied)
     assert buf.getvalue().splitlines() == [
         "cpu-tight/cpu-offload/refs-4/f-seed-2302: skipped, implied by the OOM at refs-3/f-seed-2301"]
+
+
+def test_a_diagnosis_pass_is_one_line_with_its_snapshot_or_why_none() -> None:
+    buf = io.StringIO()
+    view = ProgressView(Console(file=buf, width=100, color_system=None, soft_wrap=True), enabled=False)
+    view.lane_started("cpu", ("cpu-tiny",), 2)
+    oom = DiagnosisRecord(key="cpu-tiny/int8", card="cpu-tiny", flags="int8", at="oom", of="cpu-tiny/int8/refs-3/f",
+                          references=3, started_at=0.0, total_s=3.5, outcome="oom",
+                          snapshot="cpu-tiny/int8/diagnosis/oom/snap.pickle")
+    view.diagnosis_done(oom)
+    view.diagnosis_done(oom.model_copy(update={"references": None, "outcome": "oom at load", "snapshot": None,
+                                               "why_none": "the server wrote no snapshot"}))
+    assert buf.getvalue().splitlines() == [
+        "cpu-tiny/int8: diagnosis pass (oom, 3 refs) in 3.50 s: oom; allocator snapshot "
+        "cpu-tiny/int8/diagnosis/oom/snap.pickle",
+        "cpu-tiny/int8: diagnosis pass (oom, load) in 3.50 s: oom at load; the server wrote no snapshot"]
 
 
 def test_a_start_failure_gives_its_reason_on_its_line() -> None:
