@@ -31,6 +31,11 @@ def fmt_s(seconds: float | None) -> str:
     return "?" if seconds is None else f"{seconds:.2f}"
 
 
+def refs_text(n: int | None) -> str:
+    """A reference count in words, as every surface writes it: "1 ref", "3 refs"; None is a load (no request)."""
+    return "load" if n is None else f"{n} ref" if n == 1 else f"{n} refs"
+
+
 def clip(text: str, limit: int) -> str:
     """Shorten at a sentence end (else a word boundary), never mid-number: "capacity of 7.75 " is wrong."""
     text = " ".join(text.split())

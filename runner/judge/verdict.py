@@ -39,6 +39,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from runner.core.records import Failure, FailureClass, SessionRecord, Status, StepRecord, send_again
+from runner.core.units import refs_text
 
 if TYPE_CHECKING:
     from runner.judge.findings.held import Reading
@@ -322,7 +323,7 @@ def _quality_below(mine: list[StepRecord], n: int, rules: VerdictRules) -> str |
     if bad is None or why is None:
         return None
     what = "broken output" if why[0] == "broken" else f"PSNR under {rules.min_psnr_db:g} dB"
-    return f"{what} from {bad.references} ref" + ("" if bad.references == 1 else "s")
+    return f"{what} from {refs_text(bad.references)}"
 
 
 def _first_quality_problem(mine: list[StepRecord], rules: VerdictRules) -> StepRecord | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from runner.core.units import clip, fmt_bytes, fmt_s
+from runner.core.units import clip, fmt_bytes, fmt_s, refs_text
 from runner.judge.decision import fmt_ratio
 from runner.observe import quote
 from runner.observe.failures import without_stamp
@@ -68,27 +68,23 @@ def reason(d: Decision, roles: dict[str, str], rules: VerdictRules) -> str:
     return "; ".join(parts)
 
 
-def _refs(n: int | None) -> str:
-    return f"{n} ref" if n == 1 else f"{n} refs"
-
-
 def stop_words(b: Blocked) -> str:
     """A flag set's stop in a few words — the same on the console and in the report."""
     n = b.references
     oom = "host-memory OOM" if b.memory == "host" else "OOM"  # the kernel's OOM killer: not the card's memory
     return {
         "oom-at-load": f"{oom} at load",
-        "oom": f"{oom} at {_refs(n)}" + (f" ({b.detail})" if b.detail else ""),
+        "oom": f"{oom} at {refs_text(n)}" + (f" ({b.detail})" if b.detail else ""),
         "start": f"did not start ({b.detail})",
-        "broken": f"broken output from {_refs(n)}",
-        "low-psnr": f"{b.detail} from {_refs(n)}",
+        "broken": f"broken output from {refs_text(n)}",
+        "low-psnr": f"{b.detail} from {refs_text(n)}",
         "slow": f"latency {b.detail}",
         "straddles": f"latency {b.detail}",
-        "failure": f"{b.detail} at {_refs(n)}",
-        "skipped": f"skipped at {_refs(n)}",
-        "absent": (f"{b.detail}; " if b.detail else "") + f"{_refs(n)} not in the run",
-        "served": f"serves {_refs(n)}",
-        "measured": f"serves {_refs(n)}, latency {b.detail}",
+        "failure": f"{b.detail} at {refs_text(n)}",
+        "skipped": f"skipped at {refs_text(n)}",
+        "absent": (f"{b.detail}; " if b.detail else "") + f"{refs_text(n)} not in the run",
+        "served": f"serves {refs_text(n)}",
+        "measured": f"serves {refs_text(n)}, latency {b.detail}",
     }.get(b.cause, b.stop.value)
 
 
@@ -100,10 +96,11 @@ def summary(v: Verdict) -> str:
     ev = v.evidence
     if v.flags and ev.peak_bytes is not None:
         lat = v.latency
-        vs = "" if lat is None else f", {fmt_ratio(lat.ratio)} " + (
-            f"the baseline's recorded latency at {_refs(lat.references)}" if lat.reference.startswith("the baseline")
-            else f"the default's latency at {_refs(lat.references)}") + f" ({lat.measure})"
-        head.append(f"{v.flags} serves {_refs(v.target_references)} at peak {fmt_bytes(ev.peak_bytes)}, "
+        baseline = lat is not None and lat.reference.startswith("the baseline")
+        whose = "the baseline's recorded" if baseline else "the default's"
+        vs = "" if lat is None else (f", {fmt_ratio(lat.ratio)} {whose} latency at {refs_text(lat.references)} "
+                                     f"({lat.measure})")
+        head.append(f"{v.flags} serves {refs_text(v.target_references)} at peak {fmt_bytes(ev.peak_bytes)}, "
                     f"{fmt_s(ev.wall_s)} s/request at {v.target_references}{vs}{_headroom(v) or ''}")
     unknown = [b for b in v.stops if b.stop == "unknown"] if v.world == "undecided" else []
     if unknown:  # what blocked it, its record and the server's own line first: the part a reader needs
@@ -155,7 +152,7 @@ def size(value: int | None) -> str:
 
 
 def _where(oom: OomFacts) -> str:
-    return "at load" if oom.references is None else f"at {_refs(oom.references)}"
+    return "at load" if oom.references is None else f"at {refs_text(oom.references)}"
 
 
 def _load_need(oom: OomFacts, capacity_source: str | None) -> tuple[int, str] | None:
@@ -200,7 +197,7 @@ def _oom_sentence(flags: str, m: MemoryModel) -> str | None:
         at_oom = fixed + slope * oom.references
         if at_oom <= m.capacity_bytes:
             margin = m.capacity_bytes - at_oom
-            text += (f" The line does not explain that OOM: it gives {size(at_oom)} at {_refs(oom.references)}, "
+            text += (f" The line does not explain that OOM: it gives {size(at_oom)} at {refs_text(oom.references)}, "
                      f"{size(margin)} within {size(m.capacity_bytes)}")
             ru = oom.reserved_unallocated_bytes
             text += (f"; the {size(ru)} reserved but unallocated at the OOM is more than that margin: "
@@ -217,9 +214,9 @@ def flag_set_sentence(flags: str, role: str, m: MemoryModel) -> str:
         out.append(f"loads at {size(m.load_peak_bytes)};")
     if m.peaks:
         first, last = m.peaks[0], m.peaks[-1]
-        span = (f"peaks at {size(first.bytes)} with {_refs(first.references)}" if first is last else
-                f"peaks at {size(first.bytes)} with {_refs(first.references)} up to {size(last.bytes)} "
-                f"with {_refs(last.references)}")
+        span = (f"peaks at {size(first.bytes)} with {refs_text(first.references)}" if first is last else
+                f"peaks at {size(first.bytes)} with {refs_text(first.references)} up to {size(last.bytes)} "
+                f"with {refs_text(last.references)}")
         out.append(f"{span} ({md(m.source)}).")
     else:
         out.append("no request came back with an image, so no peak per reference count.")
@@ -232,9 +229,9 @@ def flag_set_sentence(flags: str, role: str, m: MemoryModel) -> str:
     if m.predicted_peak_bytes is not None and m.capacity_bytes is not None and m.shortfall_bytes is not None:
         t = m.target_references
         if m.predicted_from == "measured":
-            need = f"At {_refs(t)} it peaks at {size(m.predicted_peak_bytes)}"
+            need = f"At {refs_text(t)} it peaks at {size(m.predicted_peak_bytes)}"
         else:
-            need = (f"At {_refs(t)} the line gives {size(m.predicted_peak_bytes)} "  # the line's own sum
+            need = (f"At {refs_text(t)} the line gives {size(m.predicted_peak_bytes)} "  # the line's own sum
                     f"({size(m.fixed_bytes)} fixed + {t} × {size(m.per_reference_bytes)})")
         gap = (f"short by {size(m.shortfall_bytes)}" if m.shortfall_bytes > 0
                else f"{size(-m.shortfall_bytes)} of headroom")
@@ -247,14 +244,14 @@ def flag_set_sentence(flags: str, role: str, m: MemoryModel) -> str:
 
 def _functional(f: Functional) -> str:
     if f.works:
-        return (f"The reference path works: {code(f.record)} ({md(f.flags)}, {_refs(f.references)}) was the first "
+        return (f"The reference path works: {code(f.record)} ({md(f.flags)}, {refs_text(f.references)}) was the first "
                 f"request with references to come back with a usable image.")
     if f.works is False and f.server_says is None:
         return (f"No request with references came back with a usable image: {code(f.record)} ({md(f.flags)}, "
-                f"{_refs(f.references)}) was the first to come back, {md(f.why)}.")
+                f"{refs_text(f.references)}) was the first to come back, {md(f.why)}.")
     if f.works is False:
         return (f"Requests with references fail before memory is the question: {code(f.record)} ({md(f.flags)}, "
-                f"{_refs(f.references)}); the server says {code(clip(f.server_says or '', 200))}.")
+                f"{refs_text(f.references)}); the server says {code(clip(f.server_says or '', 200))}.")
     return ("No request with references came back with an image, and every failure was out of memory: "
             "whether the reference path works is not known on this card.")
 
@@ -263,7 +260,7 @@ def _sites(v: Verdict) -> list[str]:
     assert v.findings is not None
     out = []
     for c in v.findings.contribution_sites:
-        who = ", ".join(f"{md(f)} {'at load' if n is None else 'at ' + _refs(n)}"
+        who = ", ".join(f"{md(f)} {'at load' if n is None else 'at ' + refs_text(n)}"
                         + (f" (tried {size(t)})" if t is not None else "")
                         for f, n, t in zip(c.flag_sets, c.references, c.tried_bytes, strict=True))
         out.append(f"- {code(c.site)} in {code(c.function)} stopped {who}.")

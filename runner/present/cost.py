@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runner.core.records import DiagnosisRecord, SendTime, SessionRecord, Status, StepRecord
-from runner.core.units import fmt_s
+from runner.core.units import fmt_s, refs_text
 from runner.plan.lanes import Plan
 from runner.plan.matrix import VerdictRules
 
@@ -256,9 +256,9 @@ def diagnosis_lines(diagnoses: Sequence[DiagnosisRecord]) -> list[str]:
              "| flag set | at | start (load) | request | whole pass | outcome | snapshot |",
              "|---|---|---|---|---|---|---|"]
     for d in sorted(diagnoses, key=lambda d: (d.key, d.at)):
-        refs = "load" if d.references is None else f"{d.references} ref"
         got = f"`{d.snapshot.rsplit('/', 1)[-1]}`" if d.snapshot else (d.why_none or "none")
-        lines.append(f"| {d.key} | {d.at} ({refs}) | {'–' if d.start_s is None else fmt_s(d.start_s) + ' s'} | "
+        start = "–" if d.start_s is None else f"{fmt_s(d.start_s)} s"
+        lines.append(f"| {d.key} | {d.at} ({refs_text(d.references)}) | {start} | "
                      f"{'–' if d.request_s is None else fmt_s(d.request_s) + ' s'} | {fmt_s(d.total_s)} s | "
                      f"{d.outcome} | {got} |")
     total = sum(d.total_s for d in diagnoses)

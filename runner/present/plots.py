@@ -29,7 +29,7 @@ from matplotlib.patches import Patch
 
 from runner.core.records import Failure, FailureClass, Peak, SessionRecord, Status, StepRecord
 from runner.core.registry import METERS
-from runner.core.units import clip, fmt_bytes, fmt_s, unit_for
+from runner.core.units import clip, fmt_bytes, fmt_s, refs_text, unit_for
 from runner.judge.decision import Cell
 from runner.judge.findings.models import HeldMemory, HeldSite
 from runner.run.store import atomic_write
@@ -286,7 +286,7 @@ def session_figure(session: SessionRecord, steps: Sequence[StepRecord],
         dev.annotate("determinism\nrepeat", (x, 0.9), xycoords=("data", "axes fraction"), fontsize=6.5,
                      color="dimgrey", ha="left", va="top")
     for x0, x1, n in _ref_groups(sent, t0):
-        dev.annotate(f"{n} ref{'s' if n > 1 else ''}", ((x0 + x1) / 2, 1.01), xycoords=("data", "axes fraction"),
+        dev.annotate(refs_text(n), ((x0 + x1) / 2, 1.01), xycoords=("data", "axes fraction"),
                      fontsize=8, ha="center", va="bottom")
     notes = []
     for st in session.starts:
@@ -399,7 +399,7 @@ def held_figure(card: str, held: Sequence[tuple[str, HeldMemory]], capacity_byte
         _held_bars(a, held, div, lo, hi, colour, legend)
         a.axhline(capacity_bytes / div, color="black", ls=":", lw=1)
         a.set_xticks(range(len(held)))
-        a.set_xticklabels([f"{f}\n{'load' if h.references is None else str(h.references) + ' ref'} {h.at}"
+        a.set_xticklabels([f"{f}\n{refs_text(h.references)} {h.at}"
                            for f, h in held], fontsize=8)
         a.set_xlim(-0.6, len(held) - 0.4)
         a.grid(alpha=0.25, axis="y")

@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Column
 
 from runner.core.records import DiagnosisRecord, Status, StepRecord
-from runner.core.units import clip, fmt_bytes, fmt_s
+from runner.core.units import clip, fmt_bytes, fmt_s, refs_text
 from runner.judge.decision import Verdict
 from runner.judge.verdict_text import console_line
 from runner.observe import quote
@@ -145,10 +145,9 @@ class ProgressView(Events):
 
     def diagnosis_done(self, record: DiagnosisRecord) -> None:
         what = f"allocator snapshot {record.snapshot}" if record.snapshot else (record.why_none or "no snapshot")
-        n = record.references
-        refs = "load" if n is None else f"{n} ref{'' if n == 1 else 's'}"
-        self.console.print(quote.console(f"{record.key}: diagnosis pass ({record.at}, {refs}) in "
-                                         f"{fmt_s(record.total_s)} s: {record.outcome}; {what}"),
+        at = f"{record.at}, {refs_text(record.references)}"
+        self.console.print(quote.console(f"{record.key}: diagnosis pass ({at}) in {fmt_s(record.total_s)} s: "
+                                         f"{record.outcome}; {what}"),
                            highlight=False, markup=False)
 
     def memory(self, card: str, device_bytes: int | None) -> None:

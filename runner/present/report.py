@@ -12,7 +12,7 @@ from typing import Any
 
 from runner.core.records import Failure, SessionRecord, Status, StepRecord
 from runner.core.registry import METERS
-from runner.core.units import GIB, clip, fmt_bytes, fmt_s
+from runner.core.units import GIB, clip, fmt_bytes, fmt_s, refs_text
 from runner.judge.decision import Cell, StopEvidence, Verdict
 from runner.judge.findings.models import HeldMemory
 from runner.judge.reconcile import reconcile, render
@@ -123,7 +123,7 @@ def _session_rows(card_sessions: list[SessionRecord], steps: list[StepRecord], c
                           for p in s.session_peaks) or "none"
         mine = [c for c in cells if c.flags == s.flags and c.peak_bytes is not None]
         top = max(mine, key=lambda c: c.peak_bytes or 0, default=None)
-        request = f"{fmt_bytes(top.peak_bytes)} ({top.peak_source}, {top.references} ref)" if top else "none"
+        request = f"{fmt_bytes(top.peak_bytes)} ({top.peak_source}, {refs_text(top.references)})" if top else "none"
         check = next((st for st in steps if st.flags == s.flags and st.deterministic is not None), None)
         det = ("–" if check is None else "yes" if check.deterministic else "**no**" + (
             f" (repeat PSNR {check.repeat_psnr_db:.1f} dB)" if check.repeat_psnr_db is not None else ""))
@@ -303,7 +303,7 @@ def _card_section(store: RunStore, v: Verdict, cards: dict[str, Any], sessions: 
                   "(100 dB / 1.000: identical; \"baseline\": the baseline cell itself). A latency ratio names what it "
                   "divides: geometric means (repeats = auto, the verdict's) or medians (profiles.json's, and a fixed "
                   "`repeats`).", "",
-              "| flag set | role | " + " | ".join(f"{n} ref" for n in refs) + " |",
+              "| flag set | role | " + " | ".join(refs_text(n) for n in refs) + " |",
               "|---|---|" + "---|" * len(refs)]
     for f in order:
         lines.append(f"| {f} | {roles.get(f, '?')} | "
