@@ -15,6 +15,7 @@ from runner.core.units import clip, fmt_bytes, fmt_s, refs_text
 from runner.judge.decision import Verdict
 from runner.judge.verdict_text import console_line
 from runner.observe import quote
+from runner.plan.lanes import Step
 from runner.run.events import Events
 from runner.run.pending import decided
 
@@ -132,6 +133,11 @@ class ProgressView(Events):
             reason = f" ({clip(why, 200)})" if why else ""
             self.console.print(quote.console(f"{card}/{flags}: server did not start{reason}"), highlight=False,
                                markup=False)
+
+    def sending(self, step: Step, sends: int) -> None:
+        times = f" ×{sends}" if sends > 1 else ""
+        self.progress.update(self.tasks[step.card], session=f"{self._label(step.card, step.flags)} "
+                                                             f"{refs_text(step.references)} seed {step.seed}{times}")
 
     def step_done(self, record: StepRecord) -> None:
         # Only decided steps count: one skipped for a passing reason (run interrupted, GPU held, restart budget

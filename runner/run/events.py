@@ -4,6 +4,7 @@ this module, never the executor, so the dependency points one way: execute → e
 from __future__ import annotations
 
 from runner.core.records import DiagnosisRecord, StepRecord
+from runner.plan.lanes import Step
 
 
 class Events:
@@ -15,6 +16,8 @@ class Events:
         """The card's lane waits for something outside the runner (a Slurm allocation): why, in words."""
     # ready_s None: the server did not start; `why` then says why (failure class and the server's own line)
     def session_ready(self, card: str, flags: str, ready_s: float | None, why: str | None = None) -> None: ...
+    # a step's request is going out `sends` times (a real one can take minutes: what is in flight, not "ready")
+    def sending(self, step: Step, sends: int) -> None: ...
     def step_done(self, record: StepRecord) -> None: ...
     def topup_done(self, record: StepRecord) -> None: ...  # a recorded step got more sends (repeats = auto)
     def memory(self, card: str, device_bytes: int | None) -> None: ...
@@ -45,6 +48,10 @@ class Fanout(Events):
     def session_ready(self, card: str, flags: str, ready_s: float | None, why: str | None = None) -> None:
         for x in self.listeners:
             x.session_ready(card, flags, ready_s, why)
+
+    def sending(self, step: Step, sends: int) -> None:
+        for x in self.listeners:
+            x.sending(step, sends)
 
     def step_done(self, record: StepRecord) -> None:
         for x in self.listeners:

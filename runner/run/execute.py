@@ -199,6 +199,7 @@ class SessionRunner:
                ) -> tuple[Sends, tuple[Peak, ...]] | str:
         """Send a step's request `total` times and read the meters' window over the sends; or why nothing
         was measured (interrupted, or the runner itself was suspended: the wall times are the pause's)."""
+        self.ctx.events.sending(step, total)
         try:
             sends = sender.repeats(self._request(step), step.references, total, label=label,
                                    against_sha256=against_sha256)

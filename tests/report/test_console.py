@@ -16,6 +16,7 @@ from rich.console import Console
 from runner.cli import invoked_as
 from runner.core.records import DiagnosisRecord, FailureClass, Status
 from runner.judge.decision import Evidence, Latency, Verdict, World
+from runner.plan.lanes import Step
 from runner.present.progress import ProgressView, column_widths, verdict_line
 from runner.run import policy
 
@@ -96,6 +97,14 @@ def test_a_step_an_oom_implies_is_one_short_line_naming_the_deciding_step() -> N
     view.step_done(implied)
     assert buf.getvalue().splitlines() == [
         "cpu-tight/cpu-offload/refs-4/f-seed-2302: skipped, implied by the OOM at refs-3/f-seed-2301"]
+
+
+def test_the_bar_names_the_request_in_flight() -> None:
+    view = two_lanes(120)
+    view.session_ready("cpu-roomy", "cpu-offload-expandable", 48.0)
+    view.sending(Step("cpu-roomy", "cpu-offload-expandable", "suite2", 3, 2302), 2)
+    lane = next(ln for ln in rendered(view, 120) if ln.startswith("cpu-roomy"))
+    assert "cpu-offload-expandable 3 refs seed 2302 ×2" in lane, lane  # not "ready in 48.00 s" any more
 
 
 def test_a_diagnosis_pass_is_one_line_with_its_snapshot_or_why_none() -> None:
