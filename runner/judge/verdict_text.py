@@ -96,10 +96,10 @@ def summary(v: Verdict) -> str:
     ev = v.evidence
     if v.flags and ev.peak_bytes is not None:
         lat = v.latency
-        baseline = lat is not None and lat.reference.startswith("the baseline")
-        whose = "the baseline's recorded" if baseline else "the default's"
-        vs = "" if lat is None else (f", {fmt_ratio(lat.ratio)} {whose} latency at {refs_text(lat.references)} "
-                                     f"({lat.measure})")
+        vs = ""
+        if lat is not None:
+            whose = "the baseline's recorded" if lat.reference.startswith("the baseline") else "the default's"
+            vs = f", {fmt_ratio(lat.ratio)} {whose} latency at {refs_text(lat.references)} ({lat.measure})"
         head.append(f"{v.flags} serves {refs_text(v.target_references)} at peak {fmt_bytes(ev.peak_bytes)}, "
                     f"{fmt_s(ev.wall_s)} s/request at {v.target_references}{vs}{_headroom(v) or ''}")
     unknown = [b for b in v.stops if b.stop == "unknown"] if v.world == "undecided" else []
@@ -152,7 +152,7 @@ def size(value: int | None) -> str:
 
 
 def _where(oom: OomFacts) -> str:
-    return "at load" if oom.references is None else f"at {refs_text(oom.references)}"
+    return f"at {refs_text(oom.references)}"  # "at load" when the OOM came at load
 
 
 def _load_need(oom: OomFacts, capacity_source: str | None) -> tuple[int, str] | None:
@@ -260,7 +260,7 @@ def _sites(v: Verdict) -> list[str]:
     assert v.findings is not None
     out = []
     for c in v.findings.contribution_sites:
-        who = ", ".join(f"{md(f)} {'at load' if n is None else 'at ' + refs_text(n)}"
+        who = ", ".join(f"{md(f)} at {refs_text(n)}"
                         + (f" (tried {size(t)})" if t is not None else "")
                         for f, n, t in zip(c.flag_sets, c.references, c.tried_bytes, strict=True))
         out.append(f"- {code(c.site)} in {code(c.function)} stopped {who}.")

@@ -257,9 +257,8 @@ def diagnosis_lines(diagnoses: Sequence[DiagnosisRecord]) -> list[str]:
              "|---|---|---|---|---|---|---|"]
     for d in sorted(diagnoses, key=lambda d: (d.key, d.at)):
         got = f"`{d.snapshot.rsplit('/', 1)[-1]}`" if d.snapshot else (d.why_none or "none")
-        start = "–" if d.start_s is None else f"{fmt_s(d.start_s)} s"
-        lines.append(f"| {d.key} | {d.at} ({refs_text(d.references)}) | {start} | "
-                     f"{'–' if d.request_s is None else fmt_s(d.request_s) + ' s'} | {fmt_s(d.total_s)} s | "
+        start, request = ("–" if s is None else f"{fmt_s(s)} s" for s in (d.start_s, d.request_s))
+        lines.append(f"| {d.key} | {d.at} ({refs_text(d.references)}) | {start} | {request} | {fmt_s(d.total_s)} s | "
                      f"{d.outcome} | {got} |")
     total = sum(d.total_s for d in diagnoses)
     lines += ["", f"{len(diagnoses)} diagnosis pass(es), {fmt_s(total)} s in all "
