@@ -15,21 +15,12 @@ done
 python3 -m venv .venv
 # --no-compile: the bytecode is made below, on every core (pip compiles one file at a time: half of setup on 2 cores).
 pip=(.venv/bin/pip install -q --disable-pip-version-check --no-compile)
-# The reference server needs torch, and on Linux PyPI's torch is a multi-GB CUDA build. Without --gpu the CPU
-# build is installed first (the `refserver` extra then keeps it): from PyTorch's CPU index when it answers
-# within seconds, else torch==2.13.0 from the configured sources (a local CPU wheel where a machine keeps one;
-# plain PyPI has no CPU build for Linux, so there pip falls back to the CUDA one, with a warning below).
-torch_version="2.13.0"
-cpu_index="${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
+# The reference server needs torch: its CPU build unless --gpu (scripts/torch-cpu.sh says how it is found).
+source scripts/torch-cpu.sh
 if [ "$gpu" = 1 ]; then
     "${pip[@]}" "torch==$torch_version"
-elif .venv/bin/python -c "import torch" 2>/dev/null; then
-    :  # keep whatever torch is already there (rerun, or one installed by hand for this machine's CUDA)
-elif .venv/bin/python -c "import urllib.request as u; u.urlopen('$cpu_index/torch/', timeout=5)" 2>/dev/null \
-    && "${pip[@]}" --timeout 15 --retries 1 --extra-index-url "$cpu_index" "torch==$torch_version"; then
-    :  # the index's 2.13.0+cpu sorts above the configured index's 2.13.0, so pip takes the CPU build
 else
-    "${pip[@]}" "torch==$torch_version"
+    install_cpu_torch .venv
 fi
 "${pip[@]}" -e ".[$extras]"
 # Bytecode for every installed module and runner's own source. Where PYTHONDONTWRITEBYTECODE is set (as on CI

@@ -37,15 +37,16 @@ def format_size(n: float) -> str:
     return f"{n / 1024**3:.2f} GiB"
 
 
-class AccountedOutOfMemory(RuntimeError):
-    """Raised by the CPU ledger when an allocation would exceed the budget."""
+class AccountedOutOfMemory(torch.OutOfMemoryError):
+    """Raised by the CPU ledger when an allocation would exceed the budget: PyTorch's own exception type, so code
+    that catches a CUDA OOM (`except torch.OutOfMemoryError`) catches this one too."""
 
 
 # The ledger plays the part of PyTorch's native allocator, whose frames a CUDA OOM's traceback never shows
 # (the raise happens inside the C++ op the model line called). `as_raised_by_allocator` cuts the ledger's
 # own frames (this file, and contextlib's around `hold`) from the end of an OOM's traceback, so it ends at
 # the model line that asked for the memory, as a CUDA OOM's does. Every frame left is a real one.
-_LEDGER_FILES = (__file__, contextlib.__file__, __file__.replace("memory.py", "qwen_image/ledger.py"))
+_LEDGER_FILES = (__file__, contextlib.__file__, __file__.replace("memory.py", "ledger.py"))
 _LEDGER_SKIP = (*_LEDGER_FILES, __file__.replace("memory.py", "profiler.py"))  # a snapshot's frames, as above
 
 
@@ -63,14 +64,22 @@ def as_raised_by_allocator(exc: BaseException) -> BaseException:
     return exc.with_traceback(rebuilt)
 
 
-def oom_message(request: int, capacity: int, in_use: int, what: str) -> str:
+# What follows the figures in PyTorch's own message (c10/cuda/CUDACachingAllocator.cpp), word for word.
+PYTORCH_OOM_ADVICE = (
+    "If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to "
+    "avoid fragmentation.  See documentation for Memory Management  "
+    "(https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)")
+
+
+def oom_message(request: int, capacity: int, in_use: int, what: str, tail: str | None = None) -> str:
+    """PyTorch's OOM text with the ledger's figures; `tail` ends it (default: the reference server's note)."""
     free = max(capacity - in_use, 0)
     return (
         f"{OOM_PREFIX} {format_size(request)}. GPU 0 has a total capacity of {format_size(capacity)} "
         f"of which {format_size(free)} is free. Including non-PyTorch memory, this process has "
         f"{format_size(in_use)} memory in use. Of the allocated memory {format_size(in_use)} is allocated "
         f"by PyTorch, and 0 bytes is reserved by PyTorch but unallocated. "
-        f"(refserver accounted budget on cpu; allocating {what})"
+        + (tail if tail is not None else f"(refserver accounted budget on cpu; allocating {what})")
     )
 
 
@@ -144,6 +153,9 @@ class DeviceMemory:
 
 
 class AccountedMemory(DeviceMemory):
+    # The end of the OOM message: None for the reference server's note, PYTORCH_OOM_ADVICE for PyTorch's own.
+    oom_tail: str | None = None
+
     def __init__(self, capacity: int | None) -> None:
         self.capacity = capacity
         self._lock = threading.RLock()  # a storage's finalizer may free while an alloc holds it
@@ -160,7 +172,7 @@ class AccountedMemory(DeviceMemory):
         nbytes = int(nbytes)
         with self._lock:
             if self.capacity is not None and self._current + nbytes > self.capacity:
-                failed = AccountedOutOfMemory(oom_message(nbytes, self.capacity, self._current, what))
+                failed = AccountedOutOfMemory(oom_message(nbytes, self.capacity, self._current, what, self.oom_tail))
                 if self.history is not None:
                     self.history.oom(nbytes, _LEDGER_SKIP)
                     if self.on_oom is not None:

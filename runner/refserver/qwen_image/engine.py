@@ -33,11 +33,11 @@ from runner.refserver.engine import (
     make_profiler,
     warm_up,
 )
+from runner.refserver.ledger import TensorLedger
 from runner.refserver.memory import AccountedMemory, format_size, make_device_memory
 from runner.refserver.model import _DETERMINISTIC_SDPA, module_bytes
 from runner.refserver.profiler import CACHE_NAME, ONLOAD_NAME
 from runner.refserver.qwen_image import prefix as pfx
-from runner.refserver.qwen_image.ledger import TensorLedger
 from runner.refserver.qwen_image.model import (
     LATENT_CHANNELS,
     VAE_FACTOR,

@@ -37,10 +37,12 @@ def _tensors(tree: Any) -> Iterator[torch.Tensor]:
 
 
 class TensorLedger(TorchDispatchMode):
-    def __init__(self, mem: AccountedMemory) -> None:
+    def __init__(self, mem: AccountedMemory, handles: dict[int, int] | None = None) -> None:
         super().__init__()
         self.mem = mem
-        self.handles: dict[int, int] = {}  # id(storage) -> the ledger's handle, while the storage lives
+        # id(storage) -> the ledger's handle, while the storage lives. A dispatch mode is per thread: ledgers of
+        # several threads that charge one card share this, so a storage one thread made is never charged twice.
+        self.handles: dict[int, int] = {} if handles is None else handles
 
     def _freed(self, key: int) -> None:
         handle = self.handles.pop(key, None)
