@@ -23,7 +23,7 @@ if [ ! -e "$venv/.complete" ]; then
     install_cpu_torch "$venv" 2>&1 | quiet
     # --no-deps from one pin list: the packages that resolve together, without the CUDA-only ones (stand/README.md)
     if ! "$venv/bin/pip" install -q --disable-pip-version-check --no-compile --no-deps -r stand/requirements.txt \
-            > "$home/install.log" 2>&1 || ! "$venv/bin/python" -c "import vllm_omni, vllm" 2>/dev/null; then
+            > "$home/install.log" 2>&1; then
         say "the packages could not be installed (is the package index reachable?): $(quiet < "$home/install.log" | tail -1)"
         rm -rf "$venv"
         exit 3
@@ -57,5 +57,10 @@ models="$home/models"
 mkdir -p .stand
 ln -sfn "$venv" .stand/venv
 ln -sfn "$models" .stand/models
-"$venv/bin/python" -c "import runner_vllm_omni_cpu.platform" 2>&1 | quiet
+# The whole chain imports: vLLM, vLLM-Omni (with the fixes), our platform.
+if ! out="$("$venv/bin/python" -c "import vllm_omni.entrypoints.cli.main, runner_vllm_omni_cpu.platform" 2>&1)"; then
+    echo "$out" | tail -20
+    say "the stand does not import (above)"
+    exit 1
+fi
 say "ready: .stand/venv/bin/vllm-omni, .stand/models/{tiny-qwen-image,tiny-qwen-image-edit-plus} ($((SECONDS - started)) s)"

@@ -84,7 +84,7 @@ class OomReport(Record):
 # 3: server_peak_mb -> server_peak_mib + server_peak_source + server_peak_measures; failure references_dropped
 # (3 also: sends, added with a default: records of 3 without it have no send times)
 # 4: server_stage_durations_s (a default: a record of 3 reads with none)
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 def _schema_extra(*, required: tuple[str, ...] = (), rules: dict[str, Any] | None = None
@@ -334,6 +334,13 @@ class DiagnosisRecord(Record):
     snapshot: str | None = Field(default=None, description="the snapshot, relative to the run folder")
     why_none: str | None = Field(default=None, description="why there is no snapshot (one line)")
     log: str | None = None
+    trace: str | None = Field(default=None, description="the profiler's Chrome trace, relative to the run folder, "
+                                                        "where it wrote one and no snapshot (schema version 5)")
+    trace_peak_bytes: int | None = Field(default=None, ge=0, lt=2**50,
+                                         description="the highest `Total Allocated` of the trace's [memory] events: "
+                                                     "the allocator's running total as the profiler saw it, from "
+                                                     "/start_profile on, on the profiling thread only; no sites")
+    trace_device: str | None = Field(default=None, description="the device of those events' allocator (CPU, CUDA)")
     schema_version: int = Field(default=SCHEMA_VERSION, ge=1)
 
 

@@ -15,6 +15,8 @@ the server's own when
    an editable clone), or outside any site-packages/dist-packages folder (a clone or a script the server
    runs from source: the server's code by where it lives). Third-party packages installed in site-packages
    (diffusers, transformers, vllm under vLLM-Omni) are not the server's code.
+The accounted card's allocator (ALLOCATOR_STANDINS: the tensor ledger the reference server and the vLLM-Omni test
+stand count with) is never the server's own code, as PyTorch's native allocator has no frame at all.
 A traceback with no such frame (all torch frames, say) has no site: it says "no server frame", keeping its
 innermost frames as evidence, rather than naming a library's line as the place for a fix.
 
@@ -34,6 +36,10 @@ SERVER_PACKAGES = ("vllm_omni", "runner")
 FRAMEWORKS = ("torch", "torchvision", "torchaudio", "triton", "functorch", "numpy", "accelerate", "safetensors",
               "xformers", "flash_attn", "bitsandbytes", "torchao")
 CALLERS_KEPT = 3
+# The accounted card's allocator: the reference server's tensor ledger, which the vLLM-Omni test stand's platform
+# runs inside the real server too. Its frames stand where a CUDA OOM's native allocator frames would be (none):
+# how the memory was asked for, not where.
+ALLOCATOR_STANDINS = ("runner/refserver/ledger.py", "runner/refserver/memory.py")
 
 # vLLM's `_add_prefix` writes `(VllmWorker rank=0 pid=4242) `, coloured on a terminal
 # (`\x1b[1;36m(DiffusionWorker pid=4243)\x1b[0;0m `); the log window is read inert (quote.py), where ESC is
@@ -121,7 +127,9 @@ def package_path(path: str, own: tuple[str, ...] = SERVER_PACKAGES) -> tuple[str
 def is_own(path: str, own: tuple[str, ...] = SERVER_PACKAGES) -> bool:
     if path.startswith("<"):  # <frozen importlib._bootstrap>, <string>
         return False
-    _, package = package_path(path, own)
+    rel, package = package_path(path, own)
+    if rel in ALLOCATOR_STANDINS:
+        return False
     if package in own:
         return True
     if package in FRAMEWORKS:

@@ -12,6 +12,7 @@ one line in the record (`why_none`), never invented sites.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import time
 from collections.abc import Mapping
@@ -24,10 +25,10 @@ from runner import backends
 from runner.backends.base import Attempt, StartFailed
 from runner.core.records import DiagnosisRecord, FailureClass, SessionRecord, Status, StepRecord
 from runner.core.registry import BACKENDS, load
-from runner.core.units import slug
+from runner.core.units import fmt_bytes, slug
 from runner.judge.findings.held import Reading
 from runner.judge.findings.memory import deciding_oom
-from runner.observe import bounded, snapshot
+from runner.observe import bounded, snapshot, trace
 from runner.observe.traceback import SERVER_PACKAGES
 from runner.plan.lanes import Session, Step
 from runner.run import dialects
@@ -70,15 +71,25 @@ def targets(mode: str, session: Session, steps: list[StepRecord], record: Sessio
     return out
 
 
-def _snapshots(folder: Path) -> list[Path]:
-    """The snapshots the server wrote under its profiler folder, newest first (a bounded walk)."""
+def _written(folder: Path, pattern: str) -> list[Path]:
+    """The files named like `pattern` the server wrote under its profiler folder, newest first (a bounded walk)."""
     found: list[Path] = []
     for root, dirs, files in os.walk(folder):
         dirs[:] = sorted(dirs)[:MAX_SNAPSHOTS]
-        found += [Path(root) / f for f in files if f.startswith("memory_snapshot_rank") and f.endswith(".pickle")]
+        found += [Path(root) / f for f in files if fnmatch.fnmatchcase(f, pattern)]
         if len(found) >= MAX_SNAPSHOTS:
             break
     return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def _trace_reading(path: Path) -> tuple[trace.TraceMemory | None, str]:
+    """The trace's memory events, or None and why not (one line)."""
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > trace.MAX_FILE_BYTES:
+            raise trace.TraceError("not a regular file within the size bound")
+        return trace.read_bytes(path.read_bytes()), ""
+    except (OSError, trace.TraceError) as exc:
+        return None, f"its trace {path.name} not read: {exc}"
 
 
 def _control(client: httpx.Client, base: str, path: str) -> str | None:
@@ -143,6 +154,8 @@ def run_target(session_runner: object, target: Target) -> DiagnosisRecord:
                 outcome, why = "loaded", "no allocator snapshot: the load did not run out of memory this time"
             else:
                 with bounded.client() as client:
+                    if prof.warm_first:  # unmeasured: it only puts the profiler's start on the serving thread
+                        r.sender(client, server).send(r._request(target.step))
                     t1 = time.time()
                     why = _control(client, server.base_url, prof.start_path)
                     if why is None:
@@ -157,19 +170,34 @@ def run_target(session_runner: object, target: Target) -> DiagnosisRecord:
         server.stop()
         server.seal_log()
         ctx.live.discard(server)
-    found = _snapshots(folder / "profile")
+    found = _written(folder / "profile", prof.pattern)
     if found:
         rel = found[0].relative_to(ctx.store.root).as_posix()
         return done(start_s=None if start_s is None else round(start_s, 3), request_s=request_s, outcome=outcome,
                     snapshot=rel, log=(folder / "server.log").relative_to(ctx.store.root).as_posix())
+    traced: dict[str, object] = {}
     if why is None:
         why = ("no allocator snapshot: the server's port never opened at the load OOM and it wrote none (vLLM-Omni's "
                "endpoints cannot take one there)" if target.step is None else
                "no allocator snapshot: the server wrote none")
+        # Where it wrote a trace instead (vLLM-Omni on a device without allocator history), its memory events are
+        # a reading of their own: said as what they are, never as a snapshot's sites.
+        traces = _written(folder / "profile", prof.trace) if prof.trace and target.step is not None else []
+        if traces:
+            memory, not_read = _trace_reading(traces[0])
+            traced["trace"] = traces[0].relative_to(ctx.store.root).as_posix()
+            if memory is None:
+                why += f"; {not_read}"
+            elif memory.peak_allocated is None:
+                why += f"; its profiler trace has no memory figure ({memory.events} [memory] events)"
+            else:
+                traced.update(trace_peak_bytes=memory.peak_allocated, trace_device=memory.device)
+                why += (f"; its profiler trace's memory events (the {memory.device} allocator, the profiling thread, "
+                        f"from /start_profile on, no sites) peak at {fmt_bytes(memory.peak_allocated)} allocated")
     elif not why.startswith("no allocator snapshot"):
         why = f"no allocator snapshot: {why}"
     return done(start_s=None if start_s is None else round(start_s, 3), request_s=request_s, outcome=outcome,
-                why_none=why, log=(folder / "server.log").relative_to(ctx.store.root).as_posix())
+                why_none=why, log=(folder / "server.log").relative_to(ctx.store.root).as_posix(), **traced)
 
 
 LOAD_BEGAN_US = 2**62  # a load OOM has no request: everything live was held by the load (resident)

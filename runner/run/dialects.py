@@ -248,20 +248,27 @@ def parse(dialect: str, body: bytes) -> Parsed:
 @dataclass(frozen=True)
 class Profiler:
     """How a server is asked for an allocator snapshot: its extra args, then POST start before the request and
-    POST stop after it; it writes `<folder>/<timestamp>_<name>/<pattern>`."""
+    POST stop after it; it writes `<folder>/<timestamp>_<name>/<pattern>`, and a Chrome trace (`trace`) beside it
+    where it has one. `warm_first`: a request must have run before the profiler starts (see vllm_omni_profiler)."""
 
     args: tuple[str, ...]
     start_path: str
     stop_path: str
     pattern: str
+    trace: str | None = None
+    warm_first: bool = False
 
 
 def vllm_omni_profiler(folder: str) -> Profiler:
     """vLLM-Omni's spelling (vllm_omni/profiler/omni_torch_profiler.py): --profiler-config JSON, POST
     /start_profile and /stop_profile, DIR/<timestamp>_<name>/memory_snapshot_rank<N>.pickle."""
     config = {"profiler": "torch", "torch_profiler_dir": folder, "torch_profiler_with_memory": True}
+    # warm_first: 0.30.0 runs /start_profile on the thread that serves requests only once a request has started its
+    # busy loop; before that it starts the torch profiler on another thread than /stop_profile ends it on, and the
+    # stop kills the server (a segfault in the profiler: measured on the real server, vLLM-Omni's
+    # diffusion_engine.py collective_rpc). One request first puts both on the busy loop.
     return Profiler(("--profiler-config", json.dumps(config)), "/start_profile", "/stop_profile",
-                    "memory_snapshot_rank*.pickle")
+                    "memory_snapshot_rank*.pickle", trace="trace_rank*.json*", warm_first=True)
 
 
 def profiler(dialect: str, folder: str) -> Profiler | None:

@@ -29,6 +29,7 @@ import threading
 import traceback
 
 import psutil
+import torch
 
 from runner.refserver.ledger import TensorLedger
 from runner.refserver.memory import PYTORCH_OOM_ADVICE, AccountedMemory, AccountedOutOfMemory
@@ -69,7 +70,8 @@ class Card(AccountedMemory):
         except AccountedOutOfMemory as oom:
             log.warning("accounted card: torch.OutOfMemoryError at op %s on thread %r (innermost vllm_omni frame: "
                         "%s): %s", what, threading.current_thread().name, innermost_server_frame(), oom)
-            raise
+            # PyTorch's own class, as a CUDA allocator raises it: the server's log names `torch.OutOfMemoryError`
+            raise torch.OutOfMemoryError(str(oom)) from None
 
 
 class Accountant:
