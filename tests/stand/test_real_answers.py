@@ -89,7 +89,8 @@ def test_generations_on_text_to_image_and_a_wrong_model(tmp_path: Path) -> None:
         wrong = send(s, "openai-images", dialects.ImageRequest(model="omni", prompt="x", references=(), seed=1,
                                                                steps=2, size=(256, 256)))
         assert wrong.status_code == 400
-        assert wrong.json()["error"]["message"] == f"Model mismatch: request specifies 'omni' but server is running '{SERVED}'"
+        message = wrong.json()["error"]["message"]
+        assert message == f"Model mismatch: request specifies 'omni' but server is running '{SERVED}'"
         models = httpx.get(s.base + "/v1/models", timeout=10).json()
         assert [m["id"] for m in models["data"]] == [SERVED]
     finally:
@@ -132,7 +133,7 @@ def test_a_request_past_the_card_is_a_500_with_pytorchs_text_and_the_server_serv
     assert body["message"].startswith("Image generation failed: CUDA out of memory. Tried to allocate")
     assert "GPU 0 has a total capacity of 256.00 MiB" in body["message"]
     # the server's own log holds the traceback; its site is a line of vLLM-Omni's code
-    (frames, exception), *_ = [t for t in reversed(tracebacks(server.text())) if "OutOfMemoryError" in t[1]]
+    (frames, _), *_ = [t for t in reversed(tracebacks(server.text())) if "OutOfMemoryError" in t[1]]
     site, _, _, why = site_of(frames)
     assert site is not None and site.startswith("vllm_omni/diffusion/"), (site, why)
     observed = failures.classify_request(http_status=500, body=answer.text, log_window=server.text()[-20000:],
