@@ -2,10 +2,11 @@
 
 Logs are read as they are: each line may carry a worker-process prefix (`(EngineCore_0 pid=4242) `,
 `(DiffusionWorker pid=4243) `), then a logger record's (`ERROR 12-05 07:51:10 [diffusion_worker.py:1870] `:
-vLLM-Omni 0.30.0 logs its tracebacks so) or torch's `[rank0]: `, and lines of other processes may sit between a traceback's lines; a
-traceback's lines are followed per prefix, so an interleaved line of another process neither ends nor joins
-it. The traceback read is the last one whose exception is an out-of-memory error (the last raised as one,
-before a wrapper that only carries its text); one longer than the log window (its header left out) is read from its first whole frame.
+vLLM-Omni 0.30.0 logs its tracebacks so) or torch's `[rank0]: `, and lines of other processes may sit between
+a traceback's lines; a traceback's lines are followed per prefix, so an interleaved line of another process
+neither ends nor joins it. The traceback read is the last one whose exception is an out-of-memory error (the
+last raised as one, before a wrapper that only carries its text); one longer than the log window (its header
+left out) is read from its first whole frame.
 
 The site rule (docs/results.md): the site is the innermost frame of the server's own code, where a frame is
 the server's own when
