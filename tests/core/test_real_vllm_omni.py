@@ -11,7 +11,7 @@ import pytest
 
 from runner.core import records
 from runner.core.records import FailureClass, StepRecord
-from runner.meters.server import PEAK_GAUGES, read_gauges
+from runner.meters.server import PEAK_GAUGES, read_gauges, read_page
 from runner.observe.failures import classify_request, references_dropped
 from runner.observe.oom import read_oom
 from runner.run import dialects
@@ -160,11 +160,12 @@ def test_the_error_shapes_of_the_images_routes() -> None:
 
 def test_the_real_metrics_page_has_no_device_gauge_without_log_stats() -> None:
     """Without --log-stats (and with no measured peak) vllm_omni:peak_memory_mb is declared but never set: the
-    server meter finds no gauge, and says which it looked for; the same page with the sample the accounted probe
-    recorded (`--log-stats`, a peak > 0) gives that request's peak."""
+    page holds no device reading, and the family is known to be there; the same page with the sample the
+    accounted probe recorded (`--log-stats`, a peak > 0) gives that request's peak."""
     text = (REAL / "metrics.txt").read_text()
     assert "# TYPE vllm_omni:peak_memory_mb gauge" in text and "\nvllm_omni:peak_memory_mb{" not in text
     assert read_gauges(text) is None
+    assert read_page(text) == ("last-peak", None)  # declared: a later request may set it (asked again)
     sample = 'vllm_omni:peak_memory_mb{model_name="<work>/tiny-qwen-image-edit-plus",stage="0"} 287.3309268951416\n'
     with_sample = text.replace("# TYPE vllm_omni:peak_memory_mb gauge\n",
                                "# TYPE vllm_omni:peak_memory_mb gauge\n" + sample)

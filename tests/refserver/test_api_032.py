@@ -118,7 +118,8 @@ def test_030_answers_in_the_shapes_the_real_server_was_measured_in(servers: dict
 
 
 def test_zero_peak_fault_answers_0(servers: dict[str, Server]) -> None:
-    """A worker that measured nothing: vLLM-Omni's `float(peak or 0.0)`, in the response and the gauge."""
+    """A worker that measured nothing: vLLM-Omni's `float(peak or 0.0)` in the response; the gauge is set only
+    by a peak above 0 (0.30.0, measured), so it still holds the request before."""
     server = servers["zero"].ready(READY_S)
     first = server.chat(chat_body()).json()["metrics"]
     assert first["peak_memory_mb"] > 0
@@ -126,7 +127,7 @@ def test_zero_peak_fault_answers_0(servers: dict[str, Server]) -> None:
     assert second["peak_memory_mb"] == 0.0 and isinstance(second["peak_memory_mb"], float)
     assert second["stage_durations"]["diffusion"] > 0  # it did run
     gauge = [v for k, v in server.metrics().items() if k.startswith("vllm_omni:peak_memory_mb")]
-    assert gauge == [0.0]
+    assert gauge == [pytest.approx(first["peak_memory_mb"], abs=1e-3)]
 
 
 @pytest.mark.parametrize(("args", "offload", "quantization"), [
