@@ -19,6 +19,7 @@ import base64
 import binascii
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -294,7 +295,8 @@ def served_model(table: str, sent: str, answer: tuple[str, ...] | str, route_che
             "recorded with the server's answer)" if route_checks else
             "its chat route does not check the model, so the requests are served")
     # json.dumps: a TOML basic string the user can paste (quotes and backslashes escaped)
-    line = (f"[servers.{table}] model = {json.dumps(shown[0], ensure_ascii=False)}: the matrix's model {sent!r} "
+    key = table if re.fullmatch(r"[A-Za-z0-9_-]+", table) else json.dumps(table)  # a TOML bare key, else quoted
+    line = (f"[servers.{key}] model = {json.dumps(shown[0], ensure_ascii=False)}: the matrix's model {sent!r} "
             f"is not what the server serves {', '.join(repr(i) for i in shown)}; {what}")
     return ServedModel(sent=sent, served=shown, matches=False, route_checks=route_checks, note=quote.console(line))
 

@@ -90,6 +90,9 @@ def test_the_served_model_is_read_from_v1_models() -> None:
                          'of these requests with 400 "Model mismatch" (all are sent and recorded with the server\'s '
                          "answer)")
     assert dialects.served_model("omni", ids[0], ids, route_checks=True).note is None
+    # a table name with a dot is a quoted TOML key: the line stays what to paste
+    dotted = dialects.served_model("omni.v2", "omni.v2", ids, route_checks=False).note
+    assert dotted is not None and dotted.startswith('[servers."omni.v2"] model = "<work>/tiny-qwen-image-edit-plus": ')
 
 
 @pytest.mark.parametrize(("status", "raw", "why"), [
