@@ -297,7 +297,7 @@ def parse_images(body: Any, preset: Preset, model: str = "", api: str = DEFAULT_
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     prompt = body.get("prompt")
-    if prompt is None and api in RELEASES:
+    if "prompt" not in body and api in RELEASES:
         raise missing_field("prompt", body)
     if not isinstance(prompt, str) or not prompt.strip():
         raise BadRequest("prompt must be a non-empty string", "prompt")
