@@ -84,6 +84,9 @@ class OomReport(Record):
 # 3: server_peak_mb -> server_peak_mib + server_peak_source + server_peak_measures; failure references_dropped
 # (3 also: sends, added with a default: records of 3 without it have no send times)
 # 4: server_stage_durations_s (a default: a record of 3 reads with none)
+# 5: session served_model (a default: a record of 4 reads with none); server_stage_durations_s in seconds for
+#    every key (4 kept vLLM-Omni 0.30's `*_ms` keys as their milliseconds: they become seconds, suffix dropped);
+#    diagnosis trace, trace_peak_bytes, trace_device (defaults: a record of 4 reads with none)
 SCHEMA_VERSION = 5
 
 
@@ -286,6 +289,22 @@ class ServerStart(Record):
     info: dict[str, Any] = Field(default={}, description="pid or container id, image digest, command")
 
 
+class ServedModel(Record):
+    """What the server said it serves (`GET /v1/models`, asked once it is ready, before any request) against the
+    `model` the requests carry. vLLM-Omni's images routes refuse a model they do not serve (400 "Model
+    mismatch"); its chat route does not check it."""
+
+    sent: str = Field(description="the `model` every request carries ([servers.X] model; default: the table's "
+                                  "name)")
+    served: tuple[str, ...] = Field(default=(), description="the ids /v1/models listed (bounded, made inert); "
+                                                             "empty when it gave no list")
+    matches: bool | None = Field(description="`sent` is one of `served`; null: the server gave no list")
+    route_checks: bool = Field(description="the dialect's route refuses a model it does not serve (the requests "
+                                           "are sent anyway and recorded with the server's answer)")
+    note: str | None = Field(default=None, description="the one console line said before the first request "
+                                                       "(what to set), or why /v1/models gave no list")
+
+
 class SessionRecord(Record):
     """<card>/<flags>/session.json"""
 
@@ -303,6 +322,9 @@ class SessionRecord(Record):
     idle_baseline: dict[str, Any] = Field(default_factory=dict)
     log: str | None = None
     notes: tuple[str, ...] = ()
+    served_model: ServedModel | None = Field(default=None, description="the server's /v1/models against the model "
+                                                                       "sent, at its last start that got ready; "
+                                                                       "null: no start got ready")
     schema_version: int = Field(default=SCHEMA_VERSION, ge=1)
 
     @property
@@ -392,10 +414,35 @@ def _v2_step(d: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
+def _v4_step(d: dict[str, Any]) -> dict[str, Any]:
+    """Version 4 kept vLLM-Omni 0.30's stage durations as the server named them: `queue_wait_ms`,
+    `stage_0_gen_ms` held milliseconds under a field of seconds. Seconds for every key, the unit's suffix
+    dropped (a key without one was seconds already: the reference server's `diffusion`)."""
+    stages = d.get("server_stage_durations_s")
+    if not isinstance(stages, dict):
+        return d
+    return {**d, "server_stage_durations_s": stage_seconds(stages)}
+
+
+def stage_seconds(stages: dict[str, Any]) -> dict[str, Any]:
+    """A server's stage durations keyed by name in seconds: `x_ms` → `x` / 1000, `x_s` → `x`, other keys as
+    they are (a value that is no number is left for validation to refuse)."""
+    out: dict[str, Any] = {}
+    for key, value in stages.items():
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if isinstance(key, str) and key.endswith("_ms") and len(key) > 3 and number:
+            out[key[:-3]] = value / 1000
+        elif isinstance(key, str) and key.endswith("_s") and len(key) > 2:
+            out[key[:-2]] = value
+        else:
+            out[key] = value
+    return out
+
+
 # Per record, the step that upgrades a file of version v to v + 1, applied in order from the file's version
 # (additions that have a default need no step: a file without them reads with the default).
 _UPGRADES: dict[type[Record], dict[int, Callable[[dict[str, Any]], dict[str, Any]]]] = {
-    StepRecord: {2: _v2_step},  # version 1 held server_peak_mb too: it passes through 2 -> 3
+    StepRecord: {2: _v2_step, 4: _v4_step},  # version 1 held server_peak_mb too: it passes through 2 -> 3
 }
 
 

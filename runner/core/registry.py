@@ -325,6 +325,9 @@ class DialectEntry:
     # "module:function"(folder) -> the server's args that make it write allocator snapshots there, with the
     # start/stop paths it then serves (runner.run.dialects.Profiler); None: the server cannot record one
     profiler: str | None = None
+    # the route refuses a `model` the server does not serve (vLLM-Omni 0.30's images routes: 400 "Model
+    # mismatch"; its chat route serves any): what the served-model line says becomes of the requests
+    checks_model: bool = False
 
 
 DIALECTS: Registry[DialectEntry] = Registry("dialect")
@@ -333,10 +336,10 @@ for _dialect in (
                  "chat completions, ordered image_url references, literal extra_body",
                  profiler="runner.run.dialects:vllm_omni_profiler"),
     DialectEntry("openai-images", "runner.run.dialects:generations", "runner.run.dialects:images_data",
-                 "images/generations (no references)"),
+                 "images/generations (no references)", checks_model=True),
     DialectEntry("openai-images-edits", "runner.run.dialects:edits", "runner.run.dialects:images_data",
                  "multipart images/edits, one image[] part per reference",
-                 profiler="runner.run.dialects:vllm_omni_profiler"),
+                 profiler="runner.run.dialects:vllm_omni_profiler", checks_model=True),
 ):
     DIALECTS.register(_dialect)
 

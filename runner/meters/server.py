@@ -6,7 +6,9 @@ Two gauges are known, and they mean different things:
 - `vllm_omni:peak_memory_mb{model_name,stage}` (vLLM-Omni 0.30, exported with `--log-stats`): the *last
   finished request's* peak per stage, in MiB of PyTorch's reserved memory, set only when a request produced
   output. Polling it during a request shows the previous request's figure, so a window's peak is read once,
-  right after the response, and compared with the value before the request.
+  right after the response, and compared with the value before the request. 0.30.0 declares the family on
+  every /metrics page but gives it a sample only with `--log-stats`, after a request that measured a peak
+  above 0 (measured): declared without a sample is "no reading yet", never "no gauge", and is asked again.
 A server with neither gauge is recorded as such (the Dec-2025 snapshot exports none).
 """
 
@@ -28,25 +30,38 @@ DEVICE_GAUGES = ("refserver_device_memory_bytes",)
 PEAK_GAUGES = ("vllm_omni:peak_memory_mb",)  # MiB per stage, last request's reserved peak
 
 
+def _families(text: str, names: tuple[str, ...]) -> dict[str, list[float]]:
+    """The sample values of each named family the page declares (an empty list: declared, no sample)."""
+    return {f.name: [s.value for s in f.samples] for f in text_string_to_metric_families(text) if f.name in names}
+
+
+def _largest(values: list[float]) -> float:
+    return next((v for v in values if v != v), max(values))  # a NaN is not lost to max(): it is refused
+
+
 def gauge_value(text: str, names: tuple[str, ...]) -> float | None:
     """The largest sample of the first family named (over labels, e.g. stages), or None."""
-    for family in text_string_to_metric_families(text):
-        if family.name in names and family.samples:
-            values = [s.value for s in family.samples]
-            return next((v for v in values if v != v), max(values))  # a NaN is not lost to max(): it is refused
+    found = _families(text, names)
+    return next((_largest(found[n]) for n in names if found.get(n)), None)
+
+
+def read_page(text: str) -> tuple[str, int | None] | None:
+    """("current", bytes) from the reference server's gauge, ("last-peak", bytes) from vLLM-Omni's,
+    ("last-peak", None) when vLLM-Omni's is declared without a sample yet, None when the page has neither; a
+    value that is no memory figure (NaN, negative, beyond any memory) raises BadReading. One parse."""
+    found = _families(text, DEVICE_GAUGES + PEAK_GAUGES)
+    if values := found.get(DEVICE_GAUGES[0]):
+        return "current", to_bytes(_largest(values), DEVICE_GAUGES[0])
+    if PEAK_GAUGES[0] in found:
+        values = found[PEAK_GAUGES[0]]
+        return "last-peak", to_bytes(_largest(values), f"{PEAK_GAUGES[0]} (MiB)", MIB) if values else None
     return None
 
 
 def read_gauges(text: str) -> tuple[str, int] | None:
-    """("current", bytes) from the reference server's gauge, ("last-peak", bytes) from vLLM-Omni's; a value
-    that is no memory figure (NaN, negative, beyond any memory) raises BadReading."""
-    value = gauge_value(text, DEVICE_GAUGES)
-    if value is not None:
-        return "current", to_bytes(value, DEVICE_GAUGES[0])
-    value = gauge_value(text, PEAK_GAUGES)
-    if value is not None:
-        return "last-peak", to_bytes(value, f"{PEAK_GAUGES[0]} (MiB)", MIB)
-    return None
+    """A reading of the page (read_page), or None when it holds none."""
+    got = read_page(text)
+    return None if got is None or got[1] is None else (got[0], got[1])
 
 
 class ServerMetricsMeter(PolledMeter):
@@ -65,7 +80,7 @@ class ServerMetricsMeter(PolledMeter):
         if self.absent:  # a server that answers without the gauge will not grow one: stop asking it
             raise SourceUnavailable(self.absent)
         try:
-            got = read_gauges(fetch_text(self.client, self.url))
+            got = read_page(fetch_text(self.client, self.url))
         except ValueError as exc:  # unparsable exposition or a bad figure (BadReading)
             raise SourceUnavailable(f"{self.url}: {exc}") from None
         if got is None:
@@ -73,6 +88,10 @@ class ServerMetricsMeter(PolledMeter):
                            "; vLLM-Omni 0.30 exports vllm_omni:peak_memory_mb only with --log-stats)")
             raise SourceUnavailable(self.absent)
         self.kind = got[0]
+        if got[1] is None:  # declared, not set: a later request may set it, so it is asked again
+            raise SourceUnavailable(f"{self.url} has no device-memory reading: {PEAK_GAUGES[0]} is declared "
+                                    "without a sample (vLLM-Omni sets it only with --log-stats, after a request "
+                                    "that measured a peak above 0)")
         return got[1]
 
     def window_peak(self, t0: float, t1: float) -> Peak:

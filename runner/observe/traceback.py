@@ -1,10 +1,12 @@
 """The server's Python traceback in a log window → its frames and the OOM site (pure).
 
 Logs are read as they are: each line may carry a worker-process prefix (`(EngineCore_0 pid=4242) `,
-`(DiffusionWorker pid=4243) `) and lines of other processes may sit between a traceback's lines; a
-traceback's lines are followed per prefix, so an interleaved line of another process neither ends nor joins
-it. The traceback read is the last one whose exception is an out-of-memory error; one longer than the log
-window (its header left out) is read from its first whole frame.
+`(DiffusionWorker pid=4243) `), then a logger record's (`ERROR 12-05 07:51:10 [diffusion_worker.py:1870] `:
+vLLM-Omni 0.30.0 logs its tracebacks so) or torch's `[rank0]: `, and lines of other processes may sit between
+a traceback's lines; a traceback's lines are followed per prefix, so an interleaved line of another process
+neither ends nor joins it. The traceback read is the last one whose exception is an out-of-memory error (the
+last raised as one, before a wrapper that only carries its text); one longer than the log window (its header
+left out) is read from its first whole frame.
 
 The site rule (docs/results.md): the site is the innermost frame of the server's own code, where a frame is
 the server's own when
@@ -46,6 +48,11 @@ ALLOCATOR_STANDINS = ("runner/refserver/ledger.py", "runner/refserver/memory.py"
 # the visible text `\x1b`: both spellings of the colour codes are part of the prefix.
 _SGR = r"(?:\x1b|\\x1b)\[[0-9;]*m"
 PREFIX = re.compile(rf"^(?:{_SGR})*\((?P<who>[A-Za-z][\w.-]*(?: [\w.=-]+)*? pid=\d+)\)(?:{_SGR})*\s?")
+# Inside a process's prefix, vLLM-Omni 0.30.0 (measured) logs a traceback through vLLM's logger, every line under
+# the record's own prefix (`ERROR 12-05 07:51:10 [diffusion_worker.py:1870] `), and torch's elastic handler
+# repeats it under `[rank0]: `; either is followed by one space, then the line as Python printed it.
+RECORD = re.compile(r"^(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]\n]*\]"
+                    r"|\[rank\d+\]:) ?")
 FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)')
 START = re.compile(r"^\s*Traceback \(most recent call last\):")
 EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Fault|OutOfMemory)\b")
@@ -56,12 +63,15 @@ STDLIB = re.compile(r"/lib/python\d+(\.\d+)?/")
 
 
 def strip_prefix(line: str) -> str:
-    return PREFIX.sub("", line, count=1)
+    return split_prefix(line)[1]
 
 
 def split_prefix(line: str) -> tuple[str, str]:
+    """(the process that wrote a line, the line as Python printed it): the process prefix and a logger
+    record's prefix taken off."""
     m = PREFIX.match(line)
-    return (m.group("who"), line[m.end():]) if m else ("", line)
+    who, rest = (m.group("who"), line[m.end():]) if m else ("", line)
+    return who, RECORD.sub("", rest, count=1)
 
 
 class _Block:
@@ -154,7 +164,15 @@ def site_of(frames: list[tuple[str, int, str, str | None]], own: tuple[str, ...]
     return f"{site.path}:{site.line}", site.function, (site, *callers), None
 
 
+OOM_TYPE = re.compile(r"^[\w.]*OutOfMemoryError\b")
+
+
 def oom_traceback(text: str) -> tuple[list[tuple[str, int, str, str | None]], str] | None:
-    """The last traceback in a log excerpt whose exception is an out-of-memory error."""
+    """The last traceback in a log excerpt whose exception is an out-of-memory error: the last one raised as
+    one (`torch.OutOfMemoryError: …`) when there is one, else the last whose message says so (older torch
+    raised a `RuntimeError: CUDA out of memory`). vLLM-Omni 0.30.0 logs the OOM where it was raised, then
+    the wrappers that carry its text on (`RuntimeError: Orchestrator initialization failed: CUDA out of
+    memory…`, the chat route's re-raise): their innermost frames are the wrapping code, not the allocation."""
     found = [tb for tb in tracebacks(text) if OOM.search(tb[1])]
-    return found[-1] if found else None
+    raised = [tb for tb in found if OOM_TYPE.match(tb[1])]
+    return (raised or found)[-1] if found else None

@@ -134,6 +134,9 @@ class ProgressView(Events):
             self.console.print(quote.console(f"{card}/{flags}: server did not start{reason}"), highlight=False,
                                markup=False)
 
+    def served_model(self, card: str, flags: str, line: str) -> None:
+        self.console.print(quote.console(line), highlight=False, markup=False)
+
     def sending(self, step: Step, sends: int) -> None:
         times = f" ×{sends}" if sends > 1 else ""
         self.progress.update(self.tasks[step.card], session=f"{self._label(step.card, step.flags)} "

@@ -7,6 +7,7 @@ import itertools
 import json
 import logging
 import os
+import secrets
 import sys
 import threading
 import time
@@ -31,6 +32,10 @@ from runner.refserver.metrics import Metrics
 from runner.refserver.protocol import BadRequest, error_body
 
 log = logging.getLogger("refserver")
+
+# GET /version of each release imitated: 0.30.0 measured; 0.32's by analogy (vLLM's route, the release's own
+# version), not re-read
+VERSIONS = {"0.30": "0.30.0", "0.32": "0.32.0"}
 
 # What the Dec-2025 snapshot's client saw on a mid-request CUDA OOM: a 500 whose message hides the cause;
 # the OOM text is only in the server log. 0.30 answers "Image generation failed: <the error text>".
@@ -82,7 +87,7 @@ class Service:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             return self._bad(n, rid, endpoint, t0, f"invalid JSON body: {exc}", None)
         except BadRequest as exc:
-            return self._bad(n, rid, endpoint, t0, exc.message, exc.param)
+            return self._bad(n, rid, endpoint, t0, exc.message, exc.param, exc.status)
         req = parsed.request
         if endpoint == "chat":  # vLLM-Omni 0.30's own lines: the count received, then each one dropped
             log.info("Diffusion chat request %s: ref_images=%d", rid, parsed.received_refs)
@@ -114,9 +119,9 @@ class Service:
                 message = (GENERATION_FAILED if self.config.oom_reply == "mangled"
                            else f"Image generation failed: {exc}")
                 del exc
-                reply = Reply(500, error_body(message, "InternalServerError", 500))
+                reply = Reply(500, error_body(message, protocol.error_type(endpoint, 500, self.config.api), 500))
             else:
-                reply = self._ok(n, endpoint, req, result, rid, faults, parsed.metrics_asked)
+                reply = self._ok(n, endpoint, req, result, rid, faults, parsed.metrics_asked, queue_s)
                 if "scraped" in faults and not self.metrics.wait_for_scrapes(scrapes_at_arrival + 2, 10.0):
                     log.warning("fault scraped@%d: /metrics was not scraped twice in 10 s; answering anyway", n)
             finally:
@@ -131,10 +136,12 @@ class Service:
             _flush_logs()
             return reply
 
-    def _bad(self, n: int, rid: str, endpoint: str, t0: float, message: str, param: str | None) -> Reply:
-        log.info("request %d id=%s endpoint=%s status=400 total_s=%.3f error=%s", n, rid, endpoint,
+    def _bad(self, n: int, rid: str, endpoint: str, t0: float, message: str, param: str | None,
+             status: int = 400) -> Reply:
+        log.info("request %d id=%s endpoint=%s status=%d total_s=%.3f error=%s", n, rid, endpoint, status,
                  time.perf_counter() - t0, message)
-        return Reply(400, error_body(message, "BadRequestError", 400, param))
+        return Reply(status, error_body(message, protocol.error_type(endpoint, status, self.config.api), status,
+                                        param))
 
     def _step_hook(self, n: int, faults: frozenset[str]) -> Callable[[int, int], None] | None:
         if "exit" in faults:
@@ -153,7 +160,7 @@ class Service:
         return None
 
     def _ok(self, n: int, endpoint: str, req: GenerationRequest, result: GenerationResult, rid: str,
-            faults: frozenset[str], asked: bool = False) -> Reply:
+            faults: frozenset[str], asked: bool = False, queue_s: float = 0.0) -> Reply:
         images = [apply_image_faults(im, req, faults, n) for im in result.images]
         pngs = None if "no-image" in faults else [png_bytes(im) for im in images]
         api = self.config.api
@@ -164,9 +171,10 @@ class Service:
         self.metrics.peak_memory(0.0 if "zero-peak" in faults else result.peak_reserved_bytes / 2**20)
         if endpoint == "chat":
             body = protocol.chat_response(self.config.model_name, pngs, result.text_tokens, peak_mb, rid, api,
-                                          result.seconds, asked)
+                                          result.seconds, asked, queue_s)
         else:
-            body = protocol.images_response(pngs, peak_mb, api, result.seconds, (req.width, req.height), asked)
+            body = protocol.images_response(pngs, peak_mb, api, result.seconds, (req.width, req.height), asked,
+                                            queue_s)
         if "malformed-json" in faults:
             text = json.dumps(body)
             return Reply(200, text[: max(1, len(text) // 2)])
@@ -207,9 +215,20 @@ def create_app(engine: AnyEngine, config: ServerConfig) -> FastAPI:
     async def models() -> Response:
         if config.api not in RELEASES:  # the snapshot's pure-diffusion mode answered a plain-text 500
             return Response("Internal Server Error", status_code=500, media_type="text/plain")
+        # vLLM's OpenAI-compatible list, as 0.30.0 answers it (measured): the served name is `id` and `root`
+        now = int(time.time())
+        permission = {"id": "modelperm-" + secrets.token_hex(8), "object": "model_permission", "created": now,
+                      "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                      "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                      "organization": "*", "group": None, "is_blocking": False}
         return JSONResponse({"object": "list", "data": [
-            {"id": config.model_name, "object": "model", "created": int(time.time()), "owned_by": "vllm-omni",
-             "root": config.model_name, "parent": None, "max_model_len": None, "permission": []}]})
+            {"id": config.model_name, "object": "model", "created": now, "owned_by": "vllm",
+             "root": config.model_name, "parent": None, "max_model_len": None, "permission": [permission]}]})
+
+    if config.api in RELEASES:
+        @app.get("/version")
+        async def version() -> dict[str, str]:
+            return {"version": VERSIONS[config.api]}
 
     @app.get("/metrics")
     async def metrics_endpoint() -> Response:

@@ -7,7 +7,7 @@ import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from runner.refserver.config import ServerConfig
+from runner.refserver.config import RELEASES, ServerConfig
 from runner.refserver.engine import AnyEngine
 
 BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, float("inf"))
@@ -18,13 +18,14 @@ class Metrics:
         r = self.registry = CollectorRegistry()
         self.scrapes = 0  # /metrics renders so far, for fault scraped
         self._scraped = threading.Condition()
-        # vLLM-Omni 0.30's own gauge (exported with --log-stats): the last request's peak, in MB of the
-        # allocator's *reserved* memory, per stage; this server has one stage, "0".
+        # vLLM-Omni 0.30's own gauge: the last request's peak, in MB of the allocator's *reserved* memory, per
+        # stage (this server has one, "0"). 0.30.0 declares it on every page and sets it only with --log-stats,
+        # after a request that measured a peak above 0 (measured): until then the family has no sample.
         self.vllm_peak = None
-        if config is not None and config.log_stats:
+        self.log_stats = config is not None and config.log_stats
+        if config is not None and config.api in RELEASES:
             self.vllm_peak = Gauge("vllm_omni:peak_memory_mb", "Peak GPU memory in MB observed during a "
                                    "stage's generation.", ["model_name", "stage"], registry=r)
-            self.vllm_peak.labels(model_name=config.model_name, stage="0")
             self.model_name = config.model_name
         mem = engine.mem
         self.requests = Counter("refserver_requests", "Generation requests by HTTP status", ["status"],
@@ -49,8 +50,8 @@ class Metrics:
             lambda: engine.host_pinned_bytes + engine.pinned.nbytes)
 
     def peak_memory(self, reserved_mb: float) -> None:
-        if self.vllm_peak is not None:
-            self.vllm_peak.labels(model_name=self.model_name, stage="0").set(max(reserved_mb, 0.0))
+        if self.vllm_peak is not None and self.log_stats and reserved_mb > 0:
+            self.vllm_peak.labels(model_name=self.model_name, stage="0").set(reserved_mb)
 
     def observe(self, status: int, seconds: float) -> None:
         self.requests.labels(status=str(status)).inc()

@@ -16,6 +16,7 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 from PIL import Image
@@ -63,13 +64,34 @@ def asks_metrics(*places: Any) -> bool:
 
 
 class BadRequest(Exception):
-    def __init__(self, message: str, param: str | None = None) -> None:
+    """A refused request: 400 unless said (422: vLLM-Omni 0.30's edits without an image)."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
         super().__init__(message)
-        self.message, self.param = message, param
+        self.message, self.param, self.status = message, param, status
 
 
 def error_body(message: str, type_: str, code: int, param: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def error_type(endpoint: str, status: int, api: str) -> str:
+    """The error's `type`, as vLLM-Omni 0.30.0 answered it (measured): the images routes raise HTTP errors that
+    vLLM's handler names by their status phrase ("Bad Request", "Unprocessable Entity"); the chat route's own
+    error responses and a failed generation's 500 say "BadRequestError" (measured on chat; the images routes'
+    500 is taken to be alike)."""
+    if api in RELEASES and endpoint in ("images", "edits") and status < 500:
+        return HTTPStatus(status).phrase
+    return "BadRequestError" if api in RELEASES or status < 500 else "InternalServerError"
+
+
+def missing_field(field: str, body: Any) -> BadRequest:
+    """vLLM's answer to a JSON body without a required field: pydantic's error, its location as the param
+    (0.30.0, measured: `1 validation error:\n  {'type': 'missing', 'loc': 'body.prompt', ...}`)."""
+    shown = repr(body)
+    shown = shown if len(shown) <= 80 else shown[:80] + "…"
+    return BadRequest(f"1 validation error:\n  {{'type': 'missing', 'loc': 'body.{field}', 'msg': 'Field required', "
+                      f"'input': {shown}}}", f"body.{field}")
 
 
 # --- parsing helpers ------------------------------------------------------------------------------
@@ -275,6 +297,8 @@ def parse_images(body: Any, preset: Preset, model: str = "", api: str = DEFAULT_
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     prompt = body.get("prompt")
+    if "prompt" not in body and api in RELEASES:
+        raise missing_field("prompt", body)
     if not isinstance(prompt, str) or not prompt.strip():
         raise BadRequest("prompt must be a non-empty string", "prompt")
     check_model(body.get("model"), model, api)
@@ -287,9 +311,9 @@ def parse_images(body: Any, preset: Preset, model: str = "", api: str = DEFAULT_
 
 
 def check_model(asked: Any, served: str, api: str) -> None:
+    """The images routes' check (0.30.0, measured: 400, type "Bad Request", param null); chat has none."""
     if api in RELEASES and asked is not None and served and asked != served:
-        raise BadRequest(f"Model mismatch: request specifies '{asked}' but server is running '{served}'.",
-                         "model")
+        raise BadRequest(f"Model mismatch: request specifies '{asked}' but server is running '{served}'.")
 
 
 def parse_edits(form: dict[str, Any], files: list[tuple[str, bytes]], preset: Preset, model: str,
@@ -303,8 +327,8 @@ def parse_edits(form: dict[str, Any], files: list[tuple[str, bytes]], preset: Pr
     check_model(form.get("model"), model, api)
     if form.get("response_format", "b64_json") != "b64_json":
         raise BadRequest("Only response_format 'b64_json' is supported now.", "response_format")
-    if not files:
-        raise BadRequest("Field 'image' or 'url' is required", "image")
+    if not files:  # 0.30.0 answers 422 (measured; the message is the refserver's)
+        raise BadRequest("Field 'image' or 'url' is required", "image", 422)
     check_ref_count(preset, len(files), api)
     refs = []
     for name, data in files:
@@ -341,18 +365,27 @@ def png_b64(png: bytes) -> str:
     return base64.b64encode(png).decode("ascii")
 
 
+def stage_durations(api: str, seconds: float, queue_s: float = 0.0) -> dict[str, float]:
+    """0.30.0 names each duration's unit, milliseconds (measured: `queue_wait_ms`, `stage_0_gen_ms`); 0.32
+    (not re-read) keeps the refserver's seconds under `diffusion`."""
+    if api == "0.30":
+        return {"queue_wait_ms": round(queue_s * 1000, 3), "stage_0_gen_ms": round(seconds * 1000, 3)}
+    return {"diffusion": round(seconds, 4)}
+
+
 def stage_metrics(peak_mb: float, seconds: float) -> dict[str, Any]:
     """0.32's `metrics`: `float(peak or 0.0)`, so a request that measured nothing reports 0.0."""
-    return {"stage_durations": {"diffusion": round(seconds, 4)}, "peak_memory_mb": float(round(peak_mb, 3) or 0.0)}
+    return {"stage_durations": stage_durations("0.32", seconds), "peak_memory_mb": float(round(peak_mb, 3) or 0.0)}
 
 
 def chat_response(model: str, pngs: list[bytes] | None, text_tokens: int, peak_mb: float,
-                  request_id: str, api: str = DEFAULT_API, seconds: float = 0.0, asked: bool = False
-                  ) -> dict[str, Any]:
+                  request_id: str, api: str = DEFAULT_API, seconds: float = 0.0, asked: bool = False,
+                  queue_s: float = 0.0) -> dict[str, Any]:
     """`pngs=None` gives the no-image shape: content is a plain string. 0.32 returns a top-level `metrics`
-    (stage_durations, peak_memory_mb) only when `asked`; 0.30 puts them in each image part; 2025-12 (the
-    refserver's older shape) a top-level `peak_memory_mb`."""
-    per_image = {"stage_durations": {"diffusion": round(seconds, 4)}, "peak_memory_mb": round(peak_mb, 3)}
+    (stage_durations, peak_memory_mb) only when `asked`; 0.30 puts them in each image part and answers a
+    top-level `"metrics": null` (measured); 2025-12 (the refserver's older shape) a top-level
+    `peak_memory_mb`."""
+    per_image = {"stage_durations": stage_durations(api, seconds, queue_s), "peak_memory_mb": round(peak_mb, 3)}
     content: Any = "" if pngs is None else [
         {"type": "image_url", "image_url": {"url": "data:image/png;base64," + png_b64(p)},
          **(per_image if api == "0.30" else {})} for p in pngs
@@ -370,25 +403,32 @@ def chat_response(model: str, pngs: list[bytes] | None, text_tokens: int, peak_m
     }
     if api == "0.32" and asked:
         body["metrics"] = stage_metrics(peak_mb, seconds)
+    elif api == "0.30":
+        body["metrics"] = None
     if api not in RELEASES:
         body["peak_memory_mb"] = round(peak_mb, 3)
     return body
 
 
 def images_response(pngs: list[bytes] | None, peak_mb: float, api: str = DEFAULT_API, seconds: float = 0.0,
-                    size: tuple[int, int] | None = None, asked: bool = False) -> dict[str, Any]:
+                    size: tuple[int, int] | None = None, asked: bool = False, queue_s: float = 0.0
+                    ) -> dict[str, Any]:
     """0.32: `metrics` only when `asked` (0.0 when not measured); 0.30: `metrics.peak_memory_mb` always (None
-    when 0, as that release); 2025-12 shape: top-level."""
+    when 0, as that release), each image with `url` and `revised_prompt` null and a `cot_output` null
+    (measured); 2025-12 shape: top-level."""
+    nulls = {"url": None, "revised_prompt": None} if api == "0.30" else {}
     body: dict[str, Any] = {"created": int(time.time()),
-                            "data": [] if pngs is None else [{"b64_json": png_b64(p)} for p in pngs]}
+                            "data": [] if pngs is None else [{"b64_json": png_b64(p), **nulls} for p in pngs]}
     if api in RELEASES:
         body["output_format"] = "png"
         if size is not None:
             body["size"] = f"{size[0]}x{size[1]}"
+    if api == "0.30":
+        body["cot_output"] = None
     if api == "0.32" and asked:
         body["metrics"] = stage_metrics(peak_mb, seconds)
     elif api == "0.30":
-        body["metrics"] = {"stage_durations": {"diffusion": round(seconds, 4)},
+        body["metrics"] = {"stage_durations": stage_durations(api, seconds, queue_s),
                            "peak_memory_mb": round(peak_mb, 3) or None}
     elif api not in RELEASES:
         body["peak_memory_mb"] = round(peak_mb, 3)

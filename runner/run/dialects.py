@@ -19,11 +19,14 @@ import base64
 import binascii
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from runner.core.records import ServedModel, stage_seconds
 from runner.core.registry import DIALECTS, load
+from runner.observe import quote
 from runner.observe.reading import BadReading, to_bytes
 
 
@@ -208,7 +211,9 @@ def peak_unread(doc: dict[str, Any]) -> str | None:
 
 def stage_durations(doc: dict[str, Any]) -> dict[str, float] | None:
     """metrics.stage_durations (today's vLLM-Omni, when asked; 0.30: also in each chat image part): the
-    server's own seconds per stage, the finite non-negative ones, names cut to 64 characters."""
+    server's own seconds per stage, the finite non-negative ones, names cut to 64 characters. 0.30.0 names
+    its unit (`queue_wait_ms`, `stage_0_gen_ms`: milliseconds, measured): such a key becomes seconds under
+    its name without the suffix (runner.core.records.stage_seconds); a key without a unit is seconds."""
     metrics = doc.get("metrics")
     found = metrics.get("stage_durations") if isinstance(metrics, dict) else None
     if not isinstance(found, dict):
@@ -220,7 +225,8 @@ def stage_durations(doc: dict[str, Any]) -> dict[str, float] | None:
             found = None
     if not isinstance(found, dict):
         return None
-    out = {str(k)[:64]: float(v) for k, v in list(found.items())[:MAX_STAGES]
+    found = stage_seconds({str(k): v for k, v in list(found.items())[:MAX_STAGES]})
+    out = {k[:64]: float(v) for k, v in found.items()
            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v < 1e7}
     return out or None
 
@@ -243,6 +249,56 @@ def parse(dialect: str, body: bytes) -> Parsed:
     if image is None:
         return Parsed(None, peak, "image is not valid base64", unread, stages)
     return Parsed(image, peak, None, unread, stages)
+
+
+# --- what the server serves ----------------------------------------------------------------------------------
+# vLLM-Omni answers vLLM's OpenAI-compatible `GET /v1/models`: {"object": "list", "data": [{"id": <the served
+# model: the path or --served-model-name>, "object": "model", "root": …, …}]} (0.30.0, measured). Its
+# images/generations and images/edits refuse a request whose `model` is not that id (400 "Model mismatch:
+# request specifies 'X' but server is running 'Y'."); its diffusion chat route serves it (200).
+MODELS_PATH = "/v1/models"
+MODELS_DEADLINE_S = 5.0  # one small JSON answer from a server that is ready
+MODELS_BYTES = 1 << 20
+MAX_MODELS = 16
+MODEL_ID_CHARS = 256
+
+
+def served_ids(status: int, body: bytes) -> tuple[str, ...] | str:
+    """The model ids a /v1/models answer lists, in order (at most MAX_MODELS), or why it lists none."""
+    if status != 200:
+        return f"HTTP {status}"
+    try:
+        doc = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return "not JSON"
+    data = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(data, list):
+        return "no `data` list"
+    ids = tuple(m["id"] for m in data[:MAX_MODELS] if isinstance(m, dict) and isinstance(m.get("id"), str) and m["id"])
+    return ids or "no model id in `data`"
+
+
+def served_model(table: str, sent: str, answer: tuple[str, ...] | str, route_checks: bool,
+                 secrets: tuple[str, ...] = ()) -> ServedModel:
+    """The `model` sent against what the server serves (`answer`: served_ids), with the one line to say when
+    they differ: what to set in the matrix, and what becomes of the requests. The ids are server text: cut,
+    masked and made one inert line before they are kept or shown."""
+    if isinstance(answer, str):
+        why = quote.console(quote.server_text(answer[:MODEL_ID_CHARS], secrets))  # an error may quote the server
+        return ServedModel(sent=sent, matches=None, route_checks=route_checks,
+                           note=f"GET {MODELS_PATH} gave no list of served models ({why}): the model {sent!r} is "
+                                "sent unchecked")
+    shown = tuple(quote.console(quote.server_text(i[:MODEL_ID_CHARS], secrets)) for i in answer)
+    if sent in answer:
+        return ServedModel(sent=sent, served=shown, matches=True, route_checks=route_checks)
+    what = ("vLLM-Omni 0.30 refuses each of these requests with 400 \"Model mismatch\" (all are sent and "
+            "recorded with the server's answer)" if route_checks else
+            "its chat route does not check the model, so the requests are served")
+    # json.dumps: a TOML basic string the user can paste (quotes and backslashes escaped)
+    key = table if re.fullmatch(r"[A-Za-z0-9_-]+", table) else json.dumps(table)  # a TOML bare key, else quoted
+    line = (f"[servers.{key}] model = {json.dumps(shown[0], ensure_ascii=False)}: the matrix's model {sent!r} "
+            f"is not what the server serves {', '.join(repr(i) for i in shown)}; {what}")
+    return ServedModel(sent=sent, served=shown, matches=False, route_checks=route_checks, note=quote.console(line))
 
 
 @dataclass(frozen=True)

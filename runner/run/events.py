@@ -16,6 +16,9 @@ class Events:
         """The card's lane waits for something outside the runner (a Slurm allocation): why, in words."""
     # ready_s None: the server did not start; `why` then says why (failure class and the server's own line)
     def session_ready(self, card: str, flags: str, ready_s: float | None, why: str | None = None) -> None: ...
+    # the server does not serve the `model` the requests carry: the one line that says what to set, said once
+    # per run before the first request to such a server (the requests are sent all the same)
+    def served_model(self, card: str, flags: str, line: str) -> None: ...
     # a step's request is going out `sends` times (a real one can take minutes: what is in flight, not "ready")
     def sending(self, step: Step, sends: int) -> None: ...
     def step_done(self, record: StepRecord) -> None: ...
@@ -48,6 +51,10 @@ class Fanout(Events):
     def session_ready(self, card: str, flags: str, ready_s: float | None, why: str | None = None) -> None:
         for x in self.listeners:
             x.session_ready(card, flags, ready_s, why)
+
+    def served_model(self, card: str, flags: str, line: str) -> None:
+        for x in self.listeners:
+            x.served_model(card, flags, line)
 
     def sending(self, step: Step, sends: int) -> None:
         for x in self.listeners:

@@ -25,8 +25,17 @@ from PIL import Image
 
 from runner import backends
 from runner.backends.base import Attempt, RunningServer, StartFailed, StartInterrupted
-from runner.core.records import Failure, FailureClass, Peak, ServerStart, SessionRecord, Status, StepRecord
-from runner.core.registry import BACKENDS, METERS, load
+from runner.core.records import (
+    Failure,
+    FailureClass,
+    Peak,
+    ServedModel,
+    ServerStart,
+    SessionRecord,
+    Status,
+    StepRecord,
+)
+from runner.core.registry import BACKENDS, DIALECTS, METERS, load
 from runner.core.units import slug
 from runner.judge import scoring, verdict
 from runner.meters import Meter, build_meters, idle_baseline
@@ -60,7 +69,15 @@ class RunContext:
     todo: Pending | None = None  # what is left to do; None: all of the plan
     live: set[RunningServer] = field(default_factory=set)  # servers up now (a second Ctrl-C kills them)
     pauses: PauseWatch | None = None  # notices the runner itself being stopped (SIGSTOP / Ctrl-Z)
-    lock: threading.Lock = field(default_factory=threading.Lock)  # guards `records` across lanes
+    lock: threading.Lock = field(default_factory=threading.Lock)  # guards `records` and `said` across lanes
+    said: set[str] = field(default_factory=set)  # served-model lines already on the console (one per table)
+
+    def first_time(self, line: str) -> bool:
+        """Whether a line is new to this run (then it is remembered): said once, not once per session."""
+        with self.lock:
+            new = line not in self.said
+            self.said.add(line)
+            return new
 
     def __post_init__(self) -> None:
         if self.todo is None:
@@ -349,7 +366,8 @@ class SessionRunner:
         record = SessionRecord(key=self.session.key, card=self.card.name, flags=self.flags.name,
                                role=self.flags.role, backend=self.card.backend, starts=log.all_starts(),
                                session_peaks=max_by_source(log.all_peaks()), meters=tuple(log.meters),
-                               idle_baseline=log.idle, log="server.log", notes=tuple(log.notes))
+                               idle_baseline=log.idle, log="server.log", notes=tuple(log.notes),
+                               served_model=log.served_model)
         self.ctx.store.write_session(record)
         return record
 
@@ -394,8 +412,27 @@ class _Server:
                               for lost in self.server.port_losses)
         why = None if self.failure is None else start_failure_line(self.failure)
         r.ctx.events.session_ready(r.card.name, r.flags.name, self.ready_s, why)
+        if self.failure is None and self.ready_s is not None:
+            self.log.served_model = self.ask_model()
+            line = self.log.served_model.note
+            if self.log.served_model.matches is False and line and r.ctx.first_time(line):
+                r.ctx.events.served_model(r.card.name, r.flags.name, line)  # before the first request
         self.checkpoint(force=True)
         return None if self.failure is None else self.failure.kind
+
+    def ask_model(self) -> ServedModel:
+        """What the ready server says it serves (GET /v1/models, bounded) against the `model` every request
+        carries. Never fails the start: a server that does not answer is a note in the record."""
+        r = self.runner
+        try:
+            with bounded.client() as client:
+                answer = bounded.exchange(client, "GET", self.server.base_url + dialects.MODELS_PATH,
+                                          deadline_s=dialects.MODELS_DEADLINE_S, max_bytes=dialects.MODELS_BYTES)
+            ids = dialects.served_ids(answer.status, answer.content)
+        except (httpx.HTTPError, bounded.Overdue, bounded.TooLarge) as exc:
+            ids = f"{type(exc).__name__}: {exc}"
+        return dialects.served_model(r.card.server, r.profile.model, ids, DIALECTS.get(r.profile.dialect).checks_model,
+                                     self.server.secrets)
 
     def _start_record(self, stopped_at: float | None) -> ServerStart:
         return ServerStart(attempt=self.attempt, started_at=self.t_start,
@@ -452,6 +489,7 @@ class _SessionLog:
     idle: dict = field(default_factory=dict)
     current: ServerStart | None = None  # the start running now
     current_peaks: list[Peak] = field(default_factory=list)
+    served_model: ServedModel | None = None  # /v1/models at the last start that got ready
 
     def all_starts(self) -> tuple[ServerStart, ...]:
         return (*self.starts, *([self.current] if self.current else []))
@@ -466,7 +504,7 @@ class _SessionLog:
         why = (f"restarted for {topup_sends} top-up send(s) on an open latency ratio (repeats = auto)"
                if topup_sends and not pending else f"resumed with {pending} step(s) to do")
         return cls(list(prior.starts), list(prior.session_peaks), list(prior.meters), [*prior.notes, why],
-                   dict(prior.idle_baseline))
+                   dict(prior.idle_baseline), served_model=prior.served_model)
 
 
 class _MemoryTicker:

@@ -1,13 +1,18 @@
-"""A vLLM-Omni-shaped test double that runs out of memory at load: it prints what vLLM-Omni's engine
-process prints for an init OOM — worker-prefixed log lines and a traceback under `vllm_omni/…`, interleaved
-with another process's lines (tests/core/fixtures/oom/vllm-omni-wheel.log: real torch/diffusers frames and
-OOM text) — and exits 1 before it listens, as vLLM-Omni does."""
+"""A test double of vLLM-Omni 0.30.0 running out of memory at load: it prints what the real server printed
+(tests/fixtures/vllm-omni-0.30/oom-at-load.log, recorded: the API server's and the in-process diffusion
+worker's lines under one pid, the OOM traceback logged under vLLM's record prefix, printed again plain and
+under torch's `[rank0]: `, then `RuntimeError: Orchestrator initialization failed: CUDA out of memory…`) and
+exits 1 before it listens, as that server did. The recorder's placeholders become install paths: `<venv>` a
+virtual environment, the probe's accounting plugin (`<work>/plugin-acct`, which raised the OOM where a GPU's
+allocator would) a package installed beside vllm_omni."""
 
 import sys
 from pathlib import Path
 
-LOG = Path(__file__).resolve().parents[1] / "core" / "fixtures" / "oom" / "vllm-omni-wheel.log"
-sys.stdout.write("(APIServer pid=4240) INFO 12-01 10:00:00 [api_server.py:1100] vLLM-Omni API server starting\n")
-sys.stdout.write(LOG.read_text())
+LOG = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-omni-0.30" / "oom-at-load.log"
+text = LOG.read_text()
+text = (text.replace("<work>/plugin-acct/", "/venv/lib/python3.11/site-packages/")
+        .replace("<venv>", "/venv").replace("<python>", "/usr"))
+sys.stdout.write(text)
 sys.stdout.flush()
 sys.exit(1)

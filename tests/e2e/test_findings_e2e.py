@@ -136,13 +136,14 @@ def test_not_built_card_names_its_site_cost_per_reference_and_shortfall(tmp_path
     assert load_site["site"].startswith("runner/refserver/engine.py:") and load_site["function"] == "_load"
     assert load_site["references"] == [None] and tiny["functional"]["works"] is None
 
-    # a vLLM-Omni-shaped log (worker prefixes, interleaved lines, a wheel install): the site under vllm_omni/
+    # the real vLLM-Omni 0.30.0 load OOM (its log replayed: the traceback under vLLM's record prefix, again plain
+    # and under `[rank0]: `, then the orchestrator's wrapper): the site is where it was raised, under vllm_omni/
     omni = verdicts["omni"]["findings"]
     (omni_site,) = omni["contribution_sites"]
-    assert omni_site["site"] == "vllm_omni/diffusion/models/qwen_image/pipeline_qwen_image_edit_plus.py:742"
-    assert omni_site["tried_bytes"] == [480 * 2**20]
+    assert omni_site["site"] == "vllm_omni/diffusion/models/qwen_image/qwen_image_transformer.py:445"
+    assert omni_site["function"] == "rope_params" and omni_site["tried_bytes"] == [192 * 2**10]
     session = json.loads((run / "omni/default/session.json").read_text())
-    assert session["starts"][-1]["failure"]["oom"]["allowed_bytes"] == round(4.49 * 2**30)
+    assert session["starts"][-1]["failure"]["oom"]["capacity_bytes"] == round(5.5 * 2**20)
 
     profiles = json.loads((run / "profiles.json").read_text())
     jsonschema.validate(profiles, {**FINDINGS_SCHEMA, "oneOf": [{"$ref": "#/$defs/Profiles"}]})

@@ -56,3 +56,29 @@ def test_a_server_without_any_gauge_is_recorded_as_such() -> None:
     finally:
         server.shutdown()
         thread.join(timeout=5)
+
+
+def test_a_declared_gauge_without_a_sample_is_asked_again_until_a_request_sets_it() -> None:
+    """vLLM-Omni 0.30.0 declares vllm_omni:peak_memory_mb on every page and sets it only with --log-stats after a
+    request that measured a peak above 0 (measured: tests/fixtures/vllm-omni-0.30/metrics.txt): before that the
+    meter has no reading and says why, and it is not written off as a server without the gauge."""
+    registry = CollectorRegistry()
+    gauge = Gauge("vllm_omni:peak_memory_mb", "Peak GPU memory in MB observed during a stage's generation.",
+                  ["model_name", "stage"], registry=registry)  # declared: no label set, so no sample
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+    try:
+        meter = ServerMetricsMeter(SimpleNamespace(base_url=f"http://127.0.0.1:{server.server_address[1]}"), 20)
+        meter.start()
+        time.sleep(0.3)
+        t0 = time.time()
+        unset = meter.window_peak(t0 - 0.3, t0)
+        assert not unset.available and unset.bytes is None
+        assert "vllm_omni:peak_memory_mb is declared without a sample" in (unset.reason or "")
+        assert "--log-stats" in (unset.reason or "") and meter.absent is None
+        gauge.labels(model_name="qwen-image", stage="0").set(287.33)  # the first request that measured one
+        peak = meter.window_peak(t0, time.time())
+        assert peak.available and peak.bytes == round(287.33 * 2**20)
+        meter.stop()
+    finally:
+        server.shutdown()
+        thread.join(timeout=5)

@@ -5,7 +5,9 @@ measured nothing (fault zero-peak), and takes today's flag spellings, mapped ont
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
@@ -14,6 +16,7 @@ from refserver_helpers import STEPS, Server, chat_body, chat_pngs
 from runner.refserver.cli import build_parser, config_from_args
 
 Launch = Callable[..., Server]
+REAL = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-omni-0.30"
 READY_S = 300  # three servers start together on a shared machine
 
 
@@ -59,14 +62,64 @@ def test_images_metrics_only_when_asked(servers: dict[str, Server]) -> None:
 
 
 def test_030_keeps_its_own_shape(servers: dict[str, Server]) -> None:
-    """--api 0.30: the peak in every image part, asked or not (the release's shape), no top-level metrics."""
+    """--api 0.30: the peak in every image part, asked or not (the release's shape), a top-level metrics null."""
     server = servers["r030"].ready(READY_S)
     body = server.chat(chat_body(return_stage_metrics=None)).json()
-    assert "metrics" not in body and body["choices"][0]["message"]["content"][0]["peak_memory_mb"] > 0
+    assert body["metrics"] is None and body["choices"][0]["message"]["content"][0]["peak_memory_mb"] > 0
+
+
+def _keys(doc: object) -> object:
+    """A JSON document's shape: the keys of every object, the first item of every list."""
+    if isinstance(doc, dict):
+        return {k: _keys(v) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [_keys(doc[0])] if doc else []
+    return None
+
+
+def test_030_answers_in_the_shapes_the_real_server_was_measured_in(servers: dict[str, Server]) -> None:
+    """Each answer of --api 0.30 against the real 0.30.0 server's recorded one (tests/fixtures/vllm-omni-0.30):
+    the same keys where the runner reads (the images API's whole body, the chat image part, /v1/models,
+    /version, /health, the error objects), the same types and statuses."""
+    server = servers["r030"].ready(READY_S)
+    real = {p.stem: json.loads(p.read_text()) for p in REAL.glob("*.json")}
+    assert httpx.get(server.url + "/health").json() == real["health"]
+    assert httpx.get(server.url + "/version").json() == real["version"] == {"version": "0.30.0"}
+    models = httpx.get(server.url + "/v1/models").json()
+    assert _keys(models) == _keys(real["models"]) and models["data"][0]["id"] == "refserver"
+
+    chat = server.chat({**chat_body(), "model": "not-served"}).json()  # chat does not check the model: served
+    assert chat["metrics"] is None and chat["model"] == "refserver"
+    part, real_part = chat["choices"][0]["message"]["content"][0], real["chat_peak_zero"]["choices"][0]["message"][
+        "content"][0]
+    assert _keys(part) == _keys(real_part)  # type, image_url.url, stage_durations {queue_wait_ms, stage_0_gen_ms}
+    assert part["stage_durations"]["stage_0_gen_ms"] > 0
+
+    body = {"prompt": "a lighthouse", "size": "64x64", "seed": 7, "num_inference_steps": STEPS, "model": "refserver"}
+    images = httpx.post(server.url + "/v1/images/generations", json=body, timeout=60).json()
+    assert _keys(images) == _keys(real["images_generations_64"])
+    png = base64.b64decode(images["data"][0]["b64_json"])
+    form = {"prompt": "edit", "size": "64x64", "seed": "7", "num_inference_steps": str(STEPS)}
+    edited = httpx.post(server.url + "/v1/images/edits", data=form, files=[("image[]", ("a.png", png, "image/png"))],
+                        timeout=60).json()
+    assert _keys(edited) == _keys(real["images_edits"])
+
+    wrong = httpx.post(server.url + "/v1/images/generations", json={**body, "model": "omni"}, timeout=60)
+    assert wrong.status_code == 400
+    assert _keys(wrong.json()) == _keys(real["error_400_model_mismatch"])
+    assert {**wrong.json()["error"], "message": ""} == {**real["error_400_model_mismatch"]["error"], "message": ""}
+    assert wrong.json()["error"]["message"] == "Model mismatch: request specifies 'omni' but server is running " \
+                                                "'refserver'."
+    missing = httpx.post(server.url + "/v1/images/generations", json={"size": "64x64"}, timeout=60).json()
+    assert {**missing["error"], "message": ""} == {**real["error_400_missing_prompt"]["error"], "message": ""}
+    no_image = httpx.post(server.url + "/v1/images/edits", data=form, timeout=60)  # measured: 422, its body not
+    assert no_image.status_code == 422
+    assert no_image.json()["error"]["type"] == "Unprocessable Entity" and no_image.json()["error"]["code"] == 422
 
 
 def test_zero_peak_fault_answers_0(servers: dict[str, Server]) -> None:
-    """A worker that measured nothing: vLLM-Omni's `float(peak or 0.0)`, in the response and the gauge."""
+    """A worker that measured nothing: vLLM-Omni's `float(peak or 0.0)` in the response; the gauge is set only
+    by a peak above 0 (0.30.0, measured), so it still holds the request before."""
     server = servers["zero"].ready(READY_S)
     first = server.chat(chat_body()).json()["metrics"]
     assert first["peak_memory_mb"] > 0
@@ -74,7 +127,7 @@ def test_zero_peak_fault_answers_0(servers: dict[str, Server]) -> None:
     assert second["peak_memory_mb"] == 0.0 and isinstance(second["peak_memory_mb"], float)
     assert second["stage_durations"]["diffusion"] > 0  # it did run
     gauge = [v for k, v in server.metrics().items() if k.startswith("vllm_omni:peak_memory_mb")]
-    assert gauge == [0.0]
+    assert gauge == [pytest.approx(first["peak_memory_mb"], abs=1e-3)]
 
 
 @pytest.mark.parametrize(("args", "offload", "quantization"), [
