@@ -37,14 +37,23 @@ def psnr(cell: Cell) -> str:
     return f"PSNR {cell.psnr_db} dB" if cell.psnr_db is not None else "no PSNR (no baseline image)"
 
 
+def peak(peak_bytes: int | None, source: str | None) -> str:
+    """A cell's device peak for a sentence, or that there is none: never a figure it does not have."""
+    return f"peak {fmt_bytes(peak_bytes)} ({source})" if peak_bytes is not None else "no device-memory figure"
+
+
+def host_peak(host_bytes: int | None) -> str:
+    return f"host peak {fmt_bytes(host_bytes)}" if host_bytes is not None else "no host-memory figure"
+
+
 def reason(d: Decision, roles: dict[str, str], rules: VerdictRules) -> str:
     """The whole reason: what decided the card and why each default and offload flag set did or did not."""
     target = rules.target_references
     counted = [b for b in d.stops if rules.decides_world(b.role)]
     if d.world == "fits-resident" and d.cell is not None:
         c = d.cell
-        return (f"default flag set '{d.flags}' serves {target} reference(s): peak {fmt_bytes(c.peak_bytes)} "
-                f"({c.peak_source}), {wall(c)}, {psnr(c)}")
+        return (f"default flag set '{d.flags}' serves {target} reference(s): {peak(c.peak_bytes, c.peak_source)}, "
+                f"{wall(c)}, {psnr(c)}")
     if d.world == "offload-works" and d.cell is not None:
         c = d.cell
         defaults = [b for b in d.stops if b.role == "default"]
@@ -52,8 +61,8 @@ def reason(d: Decision, roles: dict[str, str], rules: VerdictRules) -> str:
               or "no default flag set in the matrix")
         judged = d.latency.text() if d.latency is not None else \
             "latency not judged (no reference: default served nothing, no baseline wall time)"
-        return (f"offload flag set '{d.flags}' serves {target} reference(s): peak {fmt_bytes(c.peak_bytes)} "
-                f"({c.peak_source}), host peak {fmt_bytes(c.host_peak_bytes)}, {wall(c)}, {judged}, {psnr(c)}; {vs}")
+        return (f"offload flag set '{d.flags}' serves {target} reference(s): {peak(c.peak_bytes, c.peak_source)}, "
+                f"{host_peak(c.host_peak_bytes)}, {wall(c)}, {judged}, {psnr(c)}; {vs}")
     if d.world == "undecided":
         unknown = [b for b in counted if b.stop == "unknown"]
         decided = [f"{label(b)} stopped by {b.stop}: {b.text()}" for b in counted if b.stop not in ("unknown",
@@ -85,6 +94,7 @@ def stop_words(b: Blocked) -> str:
         "absent": (f"{b.detail}; " if b.detail else "") + f"{refs_text(n)} not in the run",
         "served": f"serves {refs_text(n)}",
         "measured": f"serves {refs_text(n)}, latency {b.detail}",
+        "unmetered": f"serves {refs_text(n)}, no device-memory figure",
     }.get(b.cause, b.stop.value)
 
 
@@ -94,14 +104,15 @@ def summary(v: Verdict) -> str:
     2.5"). The evidence is below the table, in the card's section."""
     head = []
     ev = v.evidence
-    if v.flags and ev.peak_bytes is not None:
+    if v.flags:  # the deciding flag set first, with its figure or the words that it has none
         lat = v.latency
         vs = ""
         if lat is not None:
             whose = "the baseline's recorded" if lat.reference.startswith("the baseline") else "the default's"
             vs = f", {fmt_ratio(lat.ratio)} {whose} latency at {refs_text(lat.references)} ({lat.measure})"
-        head.append(f"{v.flags} serves {refs_text(v.target_references)} at peak {fmt_bytes(ev.peak_bytes)}, "
-                    f"{fmt_s(ev.wall_s)} s/request at {v.target_references}{vs}{_headroom(v) or ''}")
+        at = f"at peak {fmt_bytes(ev.peak_bytes)}" if ev.peak_bytes is not None else "with no device-memory figure"
+        wall_s = f", {fmt_s(ev.wall_s)} s/request at {v.target_references}" if ev.wall_s is not None else ""
+        head.append(f"{v.flags} serves {refs_text(v.target_references)} {at}{wall_s}{vs}{_headroom(v) or ''}")
     unknown = [b for b in v.stops if b.stop == "unknown"] if v.world == "undecided" else []
     if unknown:  # what blocked it, its record and the server's own line first: the part a reader needs
         head.append("cannot tell — " + "; ".join(
@@ -212,12 +223,18 @@ def flag_set_sentence(flags: str, role: str, m: MemoryModel) -> str:
     out = [f"**{md(flags)}** ({md(role)}):"]
     if m.load_peak_bytes is not None:
         out.append(f"loads at {size(m.load_peak_bytes)};")
+    bare = [n for n in m.answered if n not in {p.references for p in m.peaks}]  # an image, no device figure
     if m.peaks:
         first, last = m.peaks[0], m.peaks[-1]
         span = (f"peaks at {size(first.bytes)} with {refs_text(first.references)}" if first is last else
                 f"peaks at {size(first.bytes)} with {refs_text(first.references)} up to {size(last.bytes)} "
                 f"with {refs_text(last.references)}")
         out.append(f"{span} ({md(m.source)}).")
+        if bare:
+            out.append(f"No device-memory figure at {counts(bare)}" + (f": {md(m.no_peak)}." if m.no_peak else "."))
+    elif bare:  # images came back: what is missing is the memory figure, said from the records
+        out.append(f"requests came back with images at {counts(bare)}, but with no device-memory figure"
+                   + (f": {md(m.no_peak)}." if m.no_peak else "."))
     else:
         out.append("no request came back with an image, so no peak per reference count.")
     if m.per_reference_bytes is not None:
@@ -240,6 +257,12 @@ def flag_set_sentence(flags: str, role: str, m: MemoryModel) -> str:
     if (said := _oom_sentence(flags, m)) is not None:
         out.append(said)
     return " ".join(out)
+
+
+def counts(ns: Sequence[int]) -> str:
+    """Reference counts in words: "2 refs", "1 ref and 2 refs", "1 ref, 2 refs and 4 refs"."""
+    said = [refs_text(n) for n in ns]
+    return said[0] if len(said) == 1 else ", ".join(said[:-1]) + " and " + said[-1]
 
 
 def _functional(f: Functional) -> str:
