@@ -27,6 +27,8 @@ def label(b: Blocked) -> str:
 
 
 def wall(cell: Cell) -> str:
+    if cell.wall_s is None:
+        return "no timed send"
     spread = (f" [{fmt_s(cell.wall_min_s)}–{fmt_s(cell.wall_max_s)}]" if cell.wall_samples > 1 else "")
     return f"{fmt_s(cell.wall_s)} s/request{spread} (median of {cell.wall_samples})"
 
@@ -153,8 +155,8 @@ CAPACITY_WORDS = {"oom-allowed": "the per-process cap its OOM message states",
 def size(value: int | None) -> str:
     """Bytes for a sentence: whole bytes and KiB below a MiB (an OOM's "193.00 KiB", a residual of 0 B), else
     units.fmt_bytes (MiB, GiB) as the tables print them."""
-    if value is None:
-        return "?"
+    if value is None:  # callers say a figure only where they have one: never a "?" in a sentence
+        return "an unknown amount"
     if abs(value) < 1024:
         return f"{value} B"
     if abs(value) < 2**20:

@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 
 from runner.backends.base import Attempt, ExitInfo, RunningServer, StartFailed
-from runner.core.records import Failure, FailureClass, ServerStart, SessionRecord
-from runner.judge.verdict import blocked
+from runner.core.records import Failure, FailureClass, ServerStart, SessionRecord, Status, StepRecord
+from runner.core.vocab import Role
+from runner.judge.verdict import blocked, decide_all
+from runner.judge.verdict_text import summary
+from runner.observe import quote
 from runner.observe.failures import START_LOG_BYTES, classify_request, classify_start, server_lines
 from runner.observe.quote import server_text
 from runner.observe.traceback import chains, site_of
@@ -117,6 +120,23 @@ def test_an_http_error_is_quoted_by_its_bodys_message_never_the_access_log() -> 
     assert f.message == f"HTTP 400: {said}"
     assert server_lines(f) == (f"HTTP 400: {said}",)  # the server's words; the access-log line is not
     assert ACCESS in f.evidence  # kept as context
+
+
+def test_the_verdict_and_findings_quote_the_bodys_message_and_keep_the_served_path() -> None:
+    """The served model's path is what the user must read to fix the matrix: masked only if the runner resolved
+    it itself (a `${VAR}` value), kept through the record, the verdict's words and report.md's escaping."""
+    f = classify_request(http_status=400, body=server_text(MISMATCH, ["hf_secret_value"]), log_window=ACCESS + "\n",
+                         timed_out=False, server_exit=None, parse_problem=None)
+    assert f is not None
+    steps = [StepRecord(key=f"cpu/{flags}/refs-{n}/f-seed-1", card="cpu", flags=flags, role=Role(flags), fixture="f",
+                        references=n, seed=1, status=Status.FAILED, started_at=float(n), wall_s=0.01, failure=f)
+             for flags in ("default", "offload") for n in (1, 2)]
+    (v,) = decide_all(steps, [], VerdictRules(target_references=2), ["cpu"])
+    said = f"HTTP 400: Model mismatch: request specifies 'omni' but server is running '{SERVED}'."
+    assert v.world == "undecided" and "POST /v1/images/edits" not in summary(v) + v.reason, summary(v)
+    assert summary(v).startswith(f"cannot tell — default http_error at 2 refs [cpu/default/refs-2/f-seed-1]: {said}")
+    assert v.findings is not None and v.findings.functional.server_says == said
+    assert SERVED in quote.markdown(v.reason) and SERVED in quote.markdown(summary(v))
 
 
 def test_an_access_log_line_is_never_the_servers_words_even_without_a_body_message() -> None:
