@@ -193,7 +193,8 @@ def _oom_sentence(flags: str, m: MemoryModel) -> str | None:
         parts.append(f"{size(oom.allocated_bytes)} allocated by PyTorch")
     if oom.reserved_unallocated_bytes is not None:
         parts.append(f"{size(oom.reserved_unallocated_bytes)} reserved but unallocated")
-    site = f" in {code(oom.site)} ({code(oom.function)})" if oom.site else f" (no site: {md(oom.no_site)})"
+    site = f" in {code(oom.site)} ({code(oom.function)})" if oom.site else \
+        f" (no site: {md(oom.no_site or 'none recorded')})"
     text = f"It ran out of memory {_where(oom)}{site}" + (": " + ", ".join(parts) if parts else "") + "."
     if oom.references is None and (need := _load_need(oom, m.capacity_source)) is not None:
         held, cap = need[0], oom.capacity_bytes or 0

@@ -3,8 +3,10 @@
 vLLM-Omni reports a mid-request CUDA OOM as an HTTP 500 with a mangled message; the OOM text appears only
 in its log. So the server log lines written during the request window are evidence too. An OOM failure
 carries PyTorch's message taken apart and its site in the server's code (runner.observe.oom.read_oom). A
-failure's evidence starts with the server's own last error lines (`error_lines`): the OOM line, the traceback's last
-line, an ERROR-level log line — what a reader needs to see why, without opening server.log.
+failure's evidence starts with the server's own last error lines (`error_lines`): the OOM line, the cause an
+exception chain began with before the wrapper it ended with, an ERROR-level log line; an HTTP error's body
+message before them — what a reader needs to see why, without opening server.log. An access-log line is
+never the server's words about why (`server_lines`).
 """
 
 from __future__ import annotations
@@ -109,9 +111,9 @@ def cause(text: str) -> str | None:
     """The error a log excerpt ended with, as a reason: the cause its last exception chain began with, and
     where it was raised when the line names no message of its own (a bare `NotImplementedError`: the
     innermost frame of its traceback, package-relative); else the last error-level line. None: neither."""
-    found = error_lines(text)
     _, chain = _chain(text)
     if not chain:
+        found = error_lines(text)
         return without_stamp(found[0]) if found else None
     root = chain[0][1]
     if root.rstrip(":").strip() == root.split(":", 1)[0]:  # no message: where it was raised says what it is

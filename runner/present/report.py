@@ -38,7 +38,8 @@ TERMS = [
 
 def _story(b: StopEvidence) -> str:
     """A flag set's stop from verdict.json: what stopped it, the deciding record, the server's own line."""
-    says = "".join(f" — server: {quote.code(clip(without_stamp(line), 200))}" for line in b.server_says)
+    says = "".join(f" — server: {quote.code(clip(without_stamp(line), 200))}" for line in b.server_says
+                   if without_stamp(line) not in b.why)  # the why quotes it already (an HTTP error's body message)
     stop = "serves it, but nothing measured its memory" if b.cause == "unmetered" else {
         "capacity": "stopped by capacity", "quality": "stopped by quality", "latency": "stopped by latency",
         "served": "serves it"}.get(b.stop, "stopped by neither memory nor quality")
