@@ -21,7 +21,8 @@ import httpx
 from runner.core.records import Failure, FailureClass
 from runner.core.secrets import resolved_values
 from runner.observe import bounded, quote
-from runner.observe.failures import classify_start
+from runner.observe.failures import START_LOG_BYTES, classify_start
+from runner.observe.quote import LIMIT as QUOTE_LIMIT
 from runner.plan.lanes import RUNTIME_PORT, ServerPlan
 
 PROBE_S = 5.0  # one readiness probe's total deadline (within ready_timeout_s)
@@ -92,7 +93,7 @@ class RunningServer(ABC):
             self._secrets = resolved_values(self.plan.env, os.environ)
         return self._secrets
 
-    def quote(self, text: str | bytes, limit: int = quote.LIMIT) -> str:
+    def quote(self, text: str | bytes, limit: int = QUOTE_LIMIT) -> str:
         """Text this server sent (log, body, error), as the runner may keep it: masked, inert, bounded."""
         return quote.server_text(text, self.secrets, limit)
 
@@ -163,14 +164,14 @@ class RunningServer(ABC):
         except FileNotFoundError:
             return 0
 
-    def read_log(self, start: int = 0, end: int | None = None) -> str:
+    def read_log(self, start: int = 0, end: int | None = None, limit: int = QUOTE_LIMIT) -> str:
         try:
             with self.log_path.open("rb") as f:
                 f.seek(start)
                 data = f.read(-1 if end is None else max(0, end - start))
         except FileNotFoundError:
             return ""
-        return self.quote(data)  # every reader of the log gets it masked and inert
+        return self.quote(data, limit)  # every reader of the log gets it masked and inert
 
     def seal_log(self) -> None:
         """Once the server is stopped: its log rewritten as the runner keeps server text (quote.py: resolved
@@ -186,8 +187,10 @@ class RunningServer(ABC):
         except OSError:
             tmp.unlink(missing_ok=True)
 
-    def log_tail(self, size: int = 16_384) -> str:
-        return self.read_log(max(0, self.log_size() - size))
+    def log_tail(self, size: int = START_LOG_BYTES) -> str:
+        """The end of the log a failed start is classified from (failures.START_LOG_BYTES: the whole of a
+        vLLM-Omni failure, which prints its traceback chain several times)."""
+        return self.read_log(max(0, self.log_size() - size), limit=size)
 
     @property
     def own_packages(self) -> tuple[str, ...]:

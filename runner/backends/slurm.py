@@ -40,7 +40,8 @@ from runner.core.records import Failure, FailureClass
 from runner.core.registry import SlurmOptions
 from runner.core.secrets import resolve_env
 from runner.observe import bounded, quote
-from runner.observe.failures import CLUSTER_CLASS
+from runner.observe.failures import CLUSTER_CLASS, START_LOG_BYTES
+from runner.observe.quote import LIMIT as QUOTE_LIMIT
 from runner.observe.scheduler import cluster_end
 from runner.plan.lanes import Plan, ServerPlan
 from runner.plan.matrix import Matrix
@@ -429,21 +430,21 @@ class SlurmServer(RunningServer):
         host = self.alloc.address if self.alloc else "127.0.0.1"
         return f"http://{host}:{self.port or 0}"
 
-    def read_log(self, start: int = 0, end: int | None = None) -> str:
+    def read_log(self, start: int = 0, end: int | None = None, limit: int = QUOTE_LIMIT) -> str:
         # A request sent after the scheduler ended the step (between two requests) has only a refused
         # connection in its window: the scheduler's line, written before it, is what explains it.
-        text = super().read_log(start, end)
+        text = super().read_log(start, end, limit)
         if start > 0 and self.proc is not None and self.proc.poll() is not None and cluster_end(text) is None:
             before = cluster_end(super().read_log(max(0, start - 16_384), start))
             if before is not None and self._stopped_at is None:
                 text = f"{before.line}\n{text}"
         return text
 
-    def log_tail(self, size: int = 16_384) -> str:
+    def log_tail(self, size: int = START_LOG_BYTES) -> str:
         # A step this runner cancelled (ready timeout, end of session) ends with slurmstepd's CANCELLED line
         # too: that one is ours, not the scheduler's, so the classifier sees the log as it was before it.
         end = self._stopped_at if self._stopped_at is not None else self.log_size()
-        return self.read_log(max(0, end - size), end)
+        return self.read_log(max(0, end - size), end, limit=size)
 
     def start(self) -> None:
         if self.problem is not None:

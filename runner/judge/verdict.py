@@ -55,7 +55,8 @@ from runner.judge.decision import (
     World,
     fmt_ratio,
 )
-from runner.observe.failures import CLUSTER_CLASS, error_lines
+from runner.judge.findings.memory import no_device_figure
+from runner.observe.failures import server_lines
 from runner.plan import sequential
 from runner.plan.matrix import VerdictRules
 
@@ -122,13 +123,31 @@ class IdenticalPair:
     a: str
     b: str
     steps: int
-    same_memory: bool  # peaks within 1% on every shared step too: the difference reached nothing measured
+    # peaks within 1% on every shared step with a device figure on both sides (the difference reached nothing
+    # measured), or not; None: no shared step has a device figure on both sides, so memory compares nothing
+    same_memory: bool | None
+    compared: int = 0  # shared steps with a device figure on both sides
+
+    @property
+    def memory(self) -> str:
+        """"same", "different" or "unmeasured"."""
+        return "unmeasured" if self.same_memory is None else "same" if self.same_memory else "different"
+
+    def compared_on(self) -> str:
+        """", on the 2 of 4 shared steps with a device figure on both sides" where not every step had one."""
+        return "" if self.compared == self.steps else \
+            f" (on the {self.compared} of {self.steps} shared steps with a device figure on both sides)"
 
     def note(self) -> str:
         head = f"flag sets '{self.a}' and '{self.b}' gave byte-identical images on all {self.steps} shared step(s)"
+        if self.same_memory is None:
+            return head + "; no device-memory figure compares them: whether their difference reached memory " \
+                          "was not measured"
         if self.same_memory:
-            return head + " with the same memory peaks: their difference never reached the output (inert flag?)"
-        return head + ", with different memory peaks: their difference never reached the output, only memory"
+            return head + f" with the same memory peaks{self.compared_on()}: their difference never reached the " \
+                          "output (inert flag?)"
+        return head + f", with different memory peaks{self.compared_on()}: their difference never reached the " \
+                      "output, only memory"
 
 
 def identical_pairs(steps: list[StepRecord]) -> list[IdenticalPair]:
@@ -140,22 +159,22 @@ def identical_pairs(steps: list[StepRecord]) -> list[IdenticalPair]:
     for a, b in itertools.combinations(sorted(by_flags), 2):
         shared = by_flags[a].keys() & by_flags[b].keys()
         if shared and all(by_flags[a][k].image_sha256 == by_flags[b][k].image_sha256 for k in shared):
-            pairs.append(IdenticalPair(a, b, len(shared), all(_close(_device_peak(by_flags[a][k])[0],
-                                                                      _device_peak(by_flags[b][k])[0])
-                                                               for k in shared)))
+            measured = [(x, y) for k in shared if (x := _device_peak(by_flags[a][k])[0]) is not None
+                        and (y := _device_peak(by_flags[b][k])[0]) is not None]
+            same = all(_close(x, y) for x, y in measured) if measured else None
+            pairs.append(IdenticalPair(a, b, len(shared), same, len(measured)))
     return pairs
 
 
-def _close(x: int | None, y: int | None) -> bool:
-    return x is not None and y is not None and abs(x - y) <= 0.01 * max(x, y)
+def _close(x: int, y: int) -> bool:
+    return abs(x - y) <= 0.01 * max(x, y)
 
 
 def server_says(failure: Failure) -> tuple[str, ...]:
-    """The server's own last error lines in a failure's evidence; else its last log line. Where the scheduler
-    ended the server, its line (slurmstepd's CANCELLED, first in the evidence) says why, not srun's last."""
-    if failure.kind in CLUSTER_CLASS.values():
-        return failure.evidence[:1]
-    return error_lines("\n".join(failure.evidence)) or failure.evidence[-1:]
+    """The server's own words for a failure (runner.observe.failures.server_lines): an HTTP error body's
+    message, the error lines in its evidence (an OOM, a chain's cause before its wrapper), where the scheduler
+    ended the server its line; else its last log line that is not an access-log line."""
+    return server_lines(failure)
 
 
 def ratio_interval(num: tuple[float, ...], den: tuple[float, ...], *, level: float = 0.95, draws: int = 2000,
@@ -374,10 +393,26 @@ class Facts:
         out = {}
         for flags, role in self.roles.items():
             b = blocked(flags, role, self.target, list(self.steps), self.sessions.get(flags), self.rules)
+            if self.unmetered(flags) and self.rules.decides_world(role):
+                b = self._unmetered(b)
             if b.stop == Stop.SERVED and role in self.rules.offload_roles:
                 b = self._judge_latency(b)
             out[flags] = b
         return out
+
+    def unmetered(self, flags: str) -> bool:
+        """Serves the target, but no step there has a device-memory figure: nothing measured the card's memory."""
+        return self.served(flags) and self.at[flags].peak_bytes is None
+
+    def _unmetered(self, b: Blocked) -> Blocked:
+        """A world is a statement about the card's memory: a served target with no device-memory figure shows
+        that the server answered, not that the request ran within the card (on a CPU, or on a larger GPU
+        emulating the card, there is no device of that capacity at all). It decides nothing (docs/matrix.md)."""
+        cell = self.at[b.flags]
+        why = no_device_figure(s for s in self.steps if s.flags == b.flags and s.references == self.target)
+        return replace(b, stop=Stop.UNKNOWN, why=f"serves {self.target} reference(s) with no device-memory figure"
+                       + (f": {why}" if why else ""), record=cell.steps[0], server_says=(), cause="unmetered",
+                       references=self.target, detail=why, latency=None, memory=None)
 
     def _judge_latency(self, served: Blocked) -> Blocked:
         flags, cell = served.flags, self.at[served.flags]
@@ -409,8 +444,8 @@ class Facts:
 
 
 def fits_resident(f: Facts) -> Decision | None:
-    """A default flag set serves the target."""
-    flags = next((d for d in f.defaults if f.served(d)), None)
+    """A default flag set serves the target, with a device-memory figure there."""
+    flags = next((d for d in f.defaults if f.served(d) and not f.unmetered(d)), None)
     if flags is None:
         return None
     return Decision(World.FITS_RESIDENT, flags, f.at[flags], None, f.others(flags))

@@ -27,6 +27,8 @@ def label(b: Blocked) -> str:
 
 
 def wall(cell: Cell) -> str:
+    if cell.wall_s is None:
+        return "no timed send"
     spread = (f" [{fmt_s(cell.wall_min_s)}–{fmt_s(cell.wall_max_s)}]" if cell.wall_samples > 1 else "")
     return f"{fmt_s(cell.wall_s)} s/request{spread} (median of {cell.wall_samples})"
 
@@ -37,14 +39,23 @@ def psnr(cell: Cell) -> str:
     return f"PSNR {cell.psnr_db} dB" if cell.psnr_db is not None else "no PSNR (no baseline image)"
 
 
+def peak(peak_bytes: int | None, source: str | None) -> str:
+    """A cell's device peak for a sentence, or that there is none: never a figure it does not have."""
+    return f"peak {fmt_bytes(peak_bytes)} ({source})" if peak_bytes is not None else "no device-memory figure"
+
+
+def host_peak(host_bytes: int | None) -> str:
+    return f"host peak {fmt_bytes(host_bytes)}" if host_bytes is not None else "no host-memory figure"
+
+
 def reason(d: Decision, roles: dict[str, str], rules: VerdictRules) -> str:
     """The whole reason: what decided the card and why each default and offload flag set did or did not."""
     target = rules.target_references
     counted = [b for b in d.stops if rules.decides_world(b.role)]
     if d.world == "fits-resident" and d.cell is not None:
         c = d.cell
-        return (f"default flag set '{d.flags}' serves {target} reference(s): peak {fmt_bytes(c.peak_bytes)} "
-                f"({c.peak_source}), {wall(c)}, {psnr(c)}")
+        return (f"default flag set '{d.flags}' serves {target} reference(s): {peak(c.peak_bytes, c.peak_source)}, "
+                f"{wall(c)}, {psnr(c)}")
     if d.world == "offload-works" and d.cell is not None:
         c = d.cell
         defaults = [b for b in d.stops if b.role == "default"]
@@ -52,8 +63,8 @@ def reason(d: Decision, roles: dict[str, str], rules: VerdictRules) -> str:
               or "no default flag set in the matrix")
         judged = d.latency.text() if d.latency is not None else \
             "latency not judged (no reference: default served nothing, no baseline wall time)"
-        return (f"offload flag set '{d.flags}' serves {target} reference(s): peak {fmt_bytes(c.peak_bytes)} "
-                f"({c.peak_source}), host peak {fmt_bytes(c.host_peak_bytes)}, {wall(c)}, {judged}, {psnr(c)}; {vs}")
+        return (f"offload flag set '{d.flags}' serves {target} reference(s): {peak(c.peak_bytes, c.peak_source)}, "
+                f"{host_peak(c.host_peak_bytes)}, {wall(c)}, {judged}, {psnr(c)}; {vs}")
     if d.world == "undecided":
         unknown = [b for b in counted if b.stop == "unknown"]
         decided = [f"{label(b)} stopped by {b.stop}: {b.text()}" for b in counted if b.stop not in ("unknown",
@@ -85,6 +96,7 @@ def stop_words(b: Blocked) -> str:
         "absent": (f"{b.detail}; " if b.detail else "") + f"{refs_text(n)} not in the run",
         "served": f"serves {refs_text(n)}",
         "measured": f"serves {refs_text(n)}, latency {b.detail}",
+        "unmetered": f"serves {refs_text(n)}, no device-memory figure",
     }.get(b.cause, b.stop.value)
 
 
@@ -94,14 +106,15 @@ def summary(v: Verdict) -> str:
     2.5"). The evidence is below the table, in the card's section."""
     head = []
     ev = v.evidence
-    if v.flags and ev.peak_bytes is not None:
+    if v.flags:  # the deciding flag set first, with its figure or the words that it has none
         lat = v.latency
         vs = ""
         if lat is not None:
             whose = "the baseline's recorded" if lat.reference.startswith("the baseline") else "the default's"
             vs = f", {fmt_ratio(lat.ratio)} {whose} latency at {refs_text(lat.references)} ({lat.measure})"
-        head.append(f"{v.flags} serves {refs_text(v.target_references)} at peak {fmt_bytes(ev.peak_bytes)}, "
-                    f"{fmt_s(ev.wall_s)} s/request at {v.target_references}{vs}{_headroom(v) or ''}")
+        at = f"at peak {fmt_bytes(ev.peak_bytes)}" if ev.peak_bytes is not None else "with no device-memory figure"
+        wall_s = f", {fmt_s(ev.wall_s)} s/request at {v.target_references}" if ev.wall_s is not None else ""
+        head.append(f"{v.flags} serves {refs_text(v.target_references)} {at}{wall_s}{vs}{_headroom(v) or ''}")
     unknown = [b for b in v.stops if b.stop == "unknown"] if v.world == "undecided" else []
     if unknown:  # what blocked it, its record and the server's own line first: the part a reader needs
         head.append("cannot tell — " + "; ".join(
@@ -142,8 +155,8 @@ CAPACITY_WORDS = {"oom-allowed": "the per-process cap its OOM message states",
 def size(value: int | None) -> str:
     """Bytes for a sentence: whole bytes and KiB below a MiB (an OOM's "193.00 KiB", a residual of 0 B), else
     units.fmt_bytes (MiB, GiB) as the tables print them."""
-    if value is None:
-        return "?"
+    if value is None:  # callers say a figure only where they have one: never a "?" in a sentence
+        return "an unknown amount"
     if abs(value) < 1024:
         return f"{value} B"
     if abs(value) < 2**20:
@@ -180,7 +193,8 @@ def _oom_sentence(flags: str, m: MemoryModel) -> str | None:
         parts.append(f"{size(oom.allocated_bytes)} allocated by PyTorch")
     if oom.reserved_unallocated_bytes is not None:
         parts.append(f"{size(oom.reserved_unallocated_bytes)} reserved but unallocated")
-    site = f" in {code(oom.site)} ({code(oom.function)})" if oom.site else f" (no site: {md(oom.no_site)})"
+    site = f" in {code(oom.site)} ({code(oom.function)})" if oom.site else \
+        f" (no site: {md(oom.no_site or 'none recorded')})"
     text = f"It ran out of memory {_where(oom)}{site}" + (": " + ", ".join(parts) if parts else "") + "."
     if oom.references is None and (need := _load_need(oom, m.capacity_source)) is not None:
         held, cap = need[0], oom.capacity_bytes or 0
@@ -212,12 +226,18 @@ def flag_set_sentence(flags: str, role: str, m: MemoryModel) -> str:
     out = [f"**{md(flags)}** ({md(role)}):"]
     if m.load_peak_bytes is not None:
         out.append(f"loads at {size(m.load_peak_bytes)};")
+    bare = [n for n in m.answered if n not in {p.references for p in m.peaks}]  # an image, no device figure
     if m.peaks:
         first, last = m.peaks[0], m.peaks[-1]
         span = (f"peaks at {size(first.bytes)} with {refs_text(first.references)}" if first is last else
                 f"peaks at {size(first.bytes)} with {refs_text(first.references)} up to {size(last.bytes)} "
                 f"with {refs_text(last.references)}")
         out.append(f"{span} ({md(m.source)}).")
+        if bare:
+            out.append(f"No device-memory figure at {counts(bare)}" + (f": {md(m.no_peak)}." if m.no_peak else "."))
+    elif bare:  # images came back: what is missing is the memory figure, said from the records
+        out.append(f"requests came back with images at {counts(bare)}, but with no device-memory figure"
+                   + (f": {md(m.no_peak)}." if m.no_peak else "."))
     else:
         out.append("no request came back with an image, so no peak per reference count.")
     if m.per_reference_bytes is not None:
@@ -240,6 +260,12 @@ def flag_set_sentence(flags: str, role: str, m: MemoryModel) -> str:
     if (said := _oom_sentence(flags, m)) is not None:
         out.append(said)
     return " ".join(out)
+
+
+def counts(ns: Sequence[int]) -> str:
+    """Reference counts in words: "2 refs", "1 ref and 2 refs", "1 ref, 2 refs and 4 refs"."""
+    said = [refs_text(n) for n in ns]
+    return said[0] if len(said) == 1 else ", ".join(said[:-1]) + " and " + said[-1]
 
 
 def _functional(f: Functional) -> str:

@@ -3,18 +3,21 @@
 vLLM-Omni reports a mid-request CUDA OOM as an HTTP 500 with a mangled message; the OOM text appears only
 in its log. So the server log lines written during the request window are evidence too. An OOM failure
 carries PyTorch's message taken apart and its site in the server's code (runner.observe.oom.read_oom). A
-failure's evidence starts with the server's own last error lines (`error_lines`): the OOM line, the traceback's last
-line, an ERROR-level log line — what a reader needs to see why, without opening server.log.
+failure's evidence starts with the server's own last error lines (`error_lines`): the OOM line, the cause an
+exception chain began with before the wrapper it ended with, an ERROR-level log line; an HTTP error's body
+message before them — what a reader needs to see why, without opening server.log. An access-log line is
+never the server's words about why (`server_lines`).
 """
 
 from __future__ import annotations
 
+import json
 import re
 
 from runner.core.records import Failure, FailureClass, OomReport
 from runner.observe.oom import read_oom
 from runner.observe.scheduler import cluster_end
-from runner.observe.traceback import SERVER_PACKAGES
+from runner.observe.traceback import MARKERS, SERVER_PACKAGES, chains, package_path, strip_prefix
 
 # slurmstepd's end-of-step cause → the failure class (the scheduler ended it; it says nothing about memory)
 CLUSTER_CLASS = {"cancelled": FailureClass.CANCELLED, "preempted": FailureClass.PREEMPTED,
@@ -42,26 +45,139 @@ def oom_lines(text: str, limit: int = 3) -> tuple[str, ...]:
     return tuple(line.strip()[:400] for line in text.splitlines() if OOM_PATTERN.search(line))[:limit]
 
 
+def _chain(text: str) -> tuple[list[str], list[tuple[str | None, str]]]:
+    """(every exception line, the last exception chain as (marker before it, exception line) root cause
+    first), read line by line with the process, rank and logger prefixes read off: from a log excerpt, or
+    from a failure's evidence, which keeps the chain's markers between its lines. An exception line the
+    chain already holds is the same failure printed again (vLLM-Omni prints one up to four times: two
+    loggers, the thread's excepthook, the main thread's exit), not a new one."""
+    seen: list[str] = []
+    found: list[list[tuple[str | None, str]]] = []
+    marker: str | None = None
+    for raw in text.splitlines():
+        line = strip_prefix(raw).rstrip()
+        if line.strip() in MARKERS:
+            marker = line.strip()
+            continue
+        if not EXCEPTION_LINE.match(line):
+            continue
+        exc = line.strip()[:400]
+        seen.append(exc)
+        if found and exc in (e for _, e in found[-1]):
+            marker = None
+            continue
+        if marker is not None and found:
+            found[-1].append((marker, exc))
+        else:
+            found.append([(None, exc)])
+        marker = None
+    return seen, (found[-1] if found else [])
+
+
+def _typed_oom(line: str) -> bool:
+    return "OutOfMemory" in line.split(":", 1)[0]
+
+
 def error_lines(text: str, limit: int = 3) -> tuple[str, ...]:
-    """The server's own last error lines in a log excerpt, most telling first: the last OOM line, the last
-    traceback line (the exception), else the last error-level log line. Empty when the text has none."""
+    """The server's own last error lines in a log excerpt, most telling first: the out-of-memory error (a
+    `torch.OutOfMemoryError` line, else the last chain's OOM link, else the last line with OOM text), the
+    cause that the text's last exception chain began with ("The above exception was the direct cause of the
+    following exception:", "During handling of the above exception, …"), then the exception the chain ended
+    with (the wrapper, e.g. vLLM-Omni's `RuntimeError: Orchestrator initialization failed:`); else the last
+    error-level log line. Empty when the text has none."""
     lines = [line.rstrip() for line in text.splitlines() if line.strip()]
     ooms = [ln.strip() for ln in lines if OOM_PATTERN.search(ln)]
-    exceptions = [ln for ln in lines if EXCEPTION_LINE.match(ln)]
+    seen, chain = _chain(text)
+    typed = [e for e in seen if _typed_oom(e)]
+    in_chain = [e for _, e in chain if OOM_PATTERN.search(e)]
+    oom = typed[-1:] or in_chain[:1] or ooms[-1:]
+    picked = [*oom, *(e for _, e in chain[:1]), *(e for _, e in chain[-1:])]
     errors = [ln.strip() for ln in lines if ERROR_LEVEL.search(ln)]
-    picked = [*ooms[-1:], *exceptions[-1:]] or errors[-1:]
-    return tuple(dict.fromkeys(ln[:400] for ln in picked))[:limit]
+    return tuple(dict.fromkeys(ln[:400] for ln in picked or errors[-1:]))[:limit]
 
 
 def _evidence(text: str) -> tuple[str, ...]:
-    """The server's error lines first, then the log's last lines for context (no line twice)."""
-    return tuple(dict.fromkeys((*error_lines(text), *tail(text))))
+    """The server's error lines first (a chain's links with the markers between them, as Python prints
+    them, so the cause stays first when the evidence is read again), then the log's last lines for context
+    (no line twice)."""
+    said = error_lines(text)
+    _, chain = _chain(text)
+    linked = [line for marker, exc in chain for line in (marker, exc) if line is not None] if len(chain) > 1 else []
+    first = [ln for ln in said if ln not in linked]
+    return tuple(dict.fromkeys((*first, *linked, *tail(text))))
+
+
+def cause(text: str) -> str | None:
+    """The error a log excerpt ended with, as a reason: the cause its last exception chain began with, and
+    where it was raised when the line names no message of its own (a bare `NotImplementedError`: the
+    innermost frame of its traceback, package-relative); else the last error-level line. None: neither."""
+    _, chain = _chain(text)
+    if not chain:
+        found = error_lines(text)
+        return without_stamp(found[0]) if found else None
+    root = chain[0][1]
+    if root.rstrip(":").strip() == root.split(":", 1)[0]:  # no message: where it was raised says what it is
+        link = next((c[0] for c in reversed(chains(text)) if c[0][1] == root and c[0][0]), None)
+        if link is not None:
+            path, line, function, _ = link[0][-1]
+            return f"{root.rstrip(':')} (raised in {function}, {package_path(path)[0]}:{line})"
+    return root
 
 
 def _with_cause(message: str, text: str) -> str:
-    """A message with the server's own last error line appended, when there is one."""
-    found = error_lines(text)
-    return f"{message}: {without_stamp(found[0])}" if found else message
+    """A message with the server's own error appended (the cause of a chained exception), when there is one."""
+    found = cause(text)
+    return f"{message}: {found}" if found else message
+
+
+# An HTTP access-log line (uvicorn: `INFO:     127.0.0.1:50624 - "POST /v1/images/edits HTTP/1.1" 400 Bad
+# Request`): the server recording that it answered, never its words about why.
+ACCESS_LOG = re.compile(r'"[A-Z]+ \S+ HTTP/[\d.]+" \d{3}\b')
+
+
+def body_message(body: str) -> str | None:
+    """The message of an HTTP error body, as the server wrote it: OpenAI's and vLLM-Omni's `{"error":
+    {"message": …}}`, `{"error": "…"}`, `{"message": …}`, FastAPI's `{"detail": "…"}` or its validation list
+    (`detail[0].msg`, with its `loc`). A body cut short (the runner keeps its first 4000 bytes) is searched
+    for the first `"message"` string. None when the body carries no message."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        m = re.search(r'"message"\s*:\s*("(?:[^"\\]|\\.)*")', body)
+        try:
+            found = json.loads(m.group(1)) if m else None
+        except ValueError:
+            return None
+        return found[:600] if isinstance(found, str) and found.strip() else None
+    err = doc.get("error", doc) if isinstance(doc, dict) else None
+    if isinstance(err, str):
+        return err[:600] or None
+    if not isinstance(err, dict):
+        return None
+    for key in ("message", "detail"):
+        value = err.get(key)
+        if isinstance(value, str) and value.strip():
+            return value[:600]
+        first = value[0] if isinstance(value, list) and value else None
+        if isinstance(first, dict) and isinstance(msg := first.get("msg"), str):
+            where = first.get("loc")
+            loc = ".".join(str(x) for x in where if isinstance(x, (str, int))) if isinstance(where, list) else ""
+            return (f"{loc}: " if loc else "") + msg[:600]
+    return None
+
+
+def server_lines(failure: Failure) -> tuple[str, ...]:
+    """A failure's words from the server, most telling first: for an HTTP error the body's own message
+    (kept first in the evidence), then the server's error lines in the evidence (the OOM, a chain's cause,
+    its wrapper); where the scheduler ended the server, its line; else the evidence's last line that is not
+    an HTTP access-log line. Never an access-log line: it says that the server answered, not why."""
+    if failure.kind in CLUSTER_CLASS.values():
+        return failure.evidence[:1]
+    said = error_lines("\n".join(failure.evidence))
+    if failure.kind == FailureClass.HTTP_ERROR and failure.evidence and failure.evidence[0].startswith("HTTP "):
+        said = (failure.evidence[0], *said)
+    words = tuple(ln for ln in failure.evidence if not ACCESS_LOG.search(ln))
+    return tuple(dict.fromkeys(said))[:3] or words[-1:]
 
 
 HOST_OOM = ("killed by the kernel OOM killer: host memory (the container's memory limit or the machine's RAM), "
@@ -115,9 +231,10 @@ def classify_request(*, http_status: int | None, body: str, log_window: str, tim
             return Failure(kind=FailureClass.OOM, message=f"HTTP {http_status}; out-of-memory text in the {where}",
                            evidence=body_oom or log_oom, http_status=http_status,
                            oom=read_oom(body=body, log=log_window, own=own))
-        return Failure(kind=FailureClass.HTTP_ERROR, message=f"HTTP {http_status}: {body[:300]}",
-                       evidence=_evidence(log_window),
-                       http_status=http_status)
+        said = body_message(body)  # the server's words about why, before any log line
+        head = (f"HTTP {http_status}: {said}",) if said else ()
+        return Failure(kind=FailureClass.HTTP_ERROR, message=head[0] if head else f"HTTP {http_status}: {body[:300]}",
+                       evidence=tuple(dict.fromkeys((*head, *_evidence(log_window)))), http_status=http_status)
     if parse_problem:
         return Failure(kind=FailureClass.BAD_RESPONSE, message=parse_problem, evidence=(), http_status=http_status)
     return None
@@ -149,9 +266,16 @@ def references_dropped(*, log_window: str, sent: int, http_status: int | None) -
                    "references (the rest were dropped)", evidence=evidence[:4], http_status=http_status)
 
 
+# How much of a failed start's log the classifier reads: vLLM-Omni prints a failed start's traceback chain up to
+# four times (a real one is 60 KB), and an OOM a library swallowed is logged before all of them.
+START_LOG_BYTES = 256 * 1024
+
+
 def classify_start(*, exit_code: int | None, oom_killed: bool, timed_out: bool, log_tail: str,
                    own: tuple[str, ...] = SERVER_PACKAGES) -> Failure:
-    """A server that never became ready → why."""
+    """A server that never became ready → why. An OOM anywhere in the excerpt decides it (one a library
+    swallowed and logged, then failed otherwise, included: the OOM is the cause); else the cause its last
+    exception chain began with, the wrapper kept in the evidence."""
     ooms = oom_lines(log_tail)
     ended = _ended_by_scheduler(log_tail, "before it was ready")
     if ended is not None and not ooms:
@@ -160,9 +284,9 @@ def classify_start(*, exit_code: int | None, oom_killed: bool, timed_out: bool, 
         if oom_killed and not ooms:
             return Failure(kind=FailureClass.OOM_AT_LOAD, message=HOST_OOM, evidence=tail(log_tail), http_status=None,
                            exit_code=exit_code, oom=KILLED)
-        return Failure(kind=FailureClass.OOM_AT_LOAD, message="out of memory at load", evidence=ooms, http_status=None,
-                       exit_code=exit_code,
-                       oom=read_oom(log=log_tail, own=own))
+        return Failure(kind=FailureClass.OOM_AT_LOAD, message="out of memory at load",
+                       evidence=tuple(dict.fromkeys((*error_lines(log_tail)[:1], *ooms))), http_status=None,
+                       exit_code=exit_code, oom=read_oom(log=log_tail, own=own, ended=True))
     if timed_out:
         return Failure(kind=FailureClass.READY_TIMEOUT, message=_with_cause("not ready before the deadline", log_tail),
                        evidence=_evidence(log_tail), http_status=None, exit_code=exit_code)

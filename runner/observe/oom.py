@@ -24,7 +24,7 @@ import re
 
 from runner.core.records import OomReport
 from runner.observe.reading import MAX_BYTES
-from runner.observe.traceback import SERVER_PACKAGES, oom_traceback, site_of, strip_prefix
+from runner.observe.traceback import SERVER_PACKAGES, last_chain, oom_traceback, site_of, strip_prefix
 
 # A figure with its sign and exponent (a hostile or broken message may write "-2.00 GiB" or "1e30 GiB": read
 # as 2 or 30 GiB they would be figures the message never gave), never the tail of a longer token.
@@ -100,10 +100,16 @@ def parse_message(message: str) -> dict[str, int | None]:
     return _valid(found)
 
 
-def read_oom(*, body: str = "", log: str = "", own: tuple[str, ...] = SERVER_PACKAGES) -> OomReport | None:
+def read_oom(*, body: str = "", log: str = "", own: tuple[str, ...] = SERVER_PACKAGES, ended: bool = False
+             ) -> OomReport | None:
     """An OOM's numbers and site from what the runner saw: the server log of the window (the full message and
     the traceback) and the response body (often a shortened message). Each field comes from the log where it
-    has it, else from the body. None when neither has an OOM message."""
+    has it, else from the body. None when neither has an OOM message.
+
+    `ended`: the log is of a process that ended (a failed start). An OOM a library swallowed has no traceback
+    of its own (safetensors turned vLLM-Omni's load OOM into `OSError: Unable to load weights…`): its site is
+    then read from the chain the process ended with, from its root — the first link with a server frame —
+    since those frames lead to where the swallowed OOM was raised."""
     from_log, from_body = last_message(log), last_message(body)
     if from_log is None and from_body is None:
         return None
@@ -112,9 +118,11 @@ def read_oom(*, body: str = "", log: str = "", own: tuple[str, ...] = SERVER_PAC
         if message is not None:
             fields.update({k: v for k, v in parse_message(message).items() if v is not None})
     found = oom_traceback(log)
-    if found is None:
-        site, function, frames, no_site = None, None, (), "no traceback in the server log of the window"
-    else:
+    if found is not None:
         site, function, frames, no_site = site_of(found[0], own)
+    else:
+        sited = [x for link in (last_chain(log) if ended else []) if (x := site_of(link[0], own))[0] is not None]
+        site, function, frames, no_site = sited[0] if sited else (
+            None, None, (), "no traceback in the server log of the window")
     return OomReport(message=from_log or from_body or "", source="server log" if from_log else "response body",
                      site=site, function=function, frames=frames, no_site=no_site, **fields)

@@ -20,7 +20,18 @@ the server's own when
 The accounted card's allocator (ALLOCATOR_STANDINS: the tensor ledger the reference server and the vLLM-Omni test
 stand count with) is never the server's own code, as PyTorch's native allocator has no frame at all.
 A traceback with no such frame (all torch frames, say) has no site: it says "no server frame", keeping its
-innermost frames as evidence, rather than naming a library's line as the place for a fix.
+innermost frames as evidence, rather than naming a library's line as the place for a fix. A `__torch_dispatch__`
+hook (a TorchDispatchMode or a tensor subclass: an accounting shim that plays the allocator's part, as vLLM-Omni's
+CPU probe did) and every frame it calls run inside torch's dispatcher for the op the server's line asked for:
+they are the allocator's frames, which a CUDA OOM's traceback never shows, never the site.
+
+Prefixes are read off each line before anything else: the process (`(APIServer pid=N) `), torch.distributed's
+rank (`[rank0]: `) and vLLM's logger header (`ERROR 12-05 07:15:37 [stage_runtime.py:308] `, repeated on every
+line of a logged traceback). A traceback is followed per stream (process, rank, logger call), so vLLM-Omni's
+habit of printing one failure four times (two loggers, the thread's excepthook, the main thread's exit), with
+lines of other streams between, reads as four tracebacks. Python's chain markers ("The above exception was the
+direct cause of the following exception:", "During handling of the above exception, another exception
+occurred:") link a stream's tracebacks into one chain, root cause first (`chains`).
 
 Paths are shortened to the package-relative form: from inside site-packages, else from the innermost
 server or framework package folder (`…/src/vllm-omni/vllm_omni/diffusion/models/utils.py` →
@@ -48,11 +59,16 @@ ALLOCATOR_STANDINS = ("runner/refserver/ledger.py", "runner/refserver/memory.py"
 # the visible text `\x1b`: both spellings of the colour codes are part of the prefix.
 _SGR = r"(?:\x1b|\\x1b)\[[0-9;]*m"
 PREFIX = re.compile(rf"^(?:{_SGR})*\((?P<who>[A-Za-z][\w.-]*(?: [\w.=-]+)*? pid=\d+)\)(?:{_SGR})*\s?")
-# Inside a process's prefix, vLLM-Omni 0.30.0 (measured) logs a traceback through vLLM's logger, every line under
-# the record's own prefix (`ERROR 12-05 07:51:10 [diffusion_worker.py:1870] `), and torch's elastic handler
-# repeats it under `[rank0]: `; either is followed by one space, then the line as Python printed it.
-RECORD = re.compile(r"^(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]\n]*\]"
-                    r"|\[rank\d+\]:) ?")
+# torch.distributed's per-rank prefix (`[rank0]: `), and vLLM's logger header (`%(levelname)s %m-%d %H:%M:%S
+# [file:line] `, on every line of a multi-line record): the stream a line belongs to, not its text.
+RANK = re.compile(r"^\[rank\d+\]:\s?")
+LOGGER = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
+                    r"\[(?P<src>[^\]\s]+:\d+)\] ?")
+CAUSE = "The above exception was the direct cause of the following exception:"
+CONTEXT = "During handling of the above exception, another exception occurred:"
+MARKERS = (CAUSE, CONTEXT)
+# The frame functions from which on frames run inside torch's dispatcher (see the module's docstring).
+DISPATCH_HOOKS = ("__torch_dispatch__",)
 FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)')
 START = re.compile(r"^\s*Traceback \(most recent call last\):")
 EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Fault|OutOfMemory)\b")
@@ -62,34 +78,51 @@ SITE_DIRS = ("site-packages", "dist-packages")
 STDLIB = re.compile(r"/lib/python\d+(\.\d+)?/")
 
 
+def split_prefix(line: str) -> tuple[str, str]:
+    """(the stream a line belongs to, its text): the process prefix, the rank prefix and vLLM's logger header
+    read off (the header's level and source name the stream; its time does not)."""
+    who = rank = src = ""
+    if m := PREFIX.match(line):
+        who, line = m.group("who"), line[m.end():]
+    if m := RANK.match(line):
+        rank, line = m.group().strip(), line[m.end():]
+    if m := LOGGER.match(line):
+        src, line = f"{m['level']} {m['src']}", line[m.end():]
+    return "|".join((who, rank, src)) if rank or src else who, line
+
+
 def strip_prefix(line: str) -> str:
     return split_prefix(line)[1]
 
 
-def split_prefix(line: str) -> tuple[str, str]:
-    """(the process that wrote a line, the line as Python printed it): the process prefix and a logger
-    record's prefix taken off."""
-    m = PREFIX.match(line)
-    who, rest = (m.group("who"), line[m.end():]) if m else ("", line)
-    return who, RECORD.sub("", rest, count=1)
+Frames = list[tuple[str, int, str, str | None]]  # outermost first: (path, line, function, code)
 
 
 class _Block:
-    def __init__(self) -> None:
-        self.frames: list[tuple[str, int, str, str | None]] = []
+    def __init__(self, chain: int | None = None) -> None:
+        self.frames: Frames = []
         self.exception: str | None = None
         self.expect_code = False
+        self.chain = chain  # the chain it continues (a chain marker came before it), else None
 
 
-def tracebacks(text: str) -> list[tuple[list[tuple[str, int, str, str | None]], str]]:
-    """Every complete traceback in a log excerpt: (frames outermost first as (path, line, function, code),
-    the exception line), followed per process prefix."""
+def chains(text: str) -> list[list[tuple[Frames, str]]]:
+    """Every exception chain in a log excerpt, in the order each ended: its tracebacks (frames, exception line)
+    root cause first, linked per stream by Python's chain markers. A traceback longer than the window (its
+    header left out) is read from its first whole frame."""
     open_: dict[str, _Block] = {}
-    done: list[tuple[list[tuple[str, int, str, str | None]], str]] = []
+    linking: dict[str, int] = {}  # stream → the chain a marker said the next traceback continues
+    last: dict[str, int] = {}  # stream → the chain its last traceback ended
+    found: list[list[tuple[Frames, str]]] = []
+    order: list[int] = []  # chain indexes by the time their last link ended
     for raw in text.splitlines():
         who, line = split_prefix(raw.rstrip("\r"))
+        if line.strip() in MARKERS:
+            if who in last:
+                linking[who] = last[who]
+            continue
         if START.match(line):
-            open_[who] = _Block()
+            open_[who] = _Block(linking.pop(who, None))
             continue
         block = open_.get(who)
         if block is None:
@@ -97,7 +130,7 @@ def tracebacks(text: str) -> list[tuple[list[tuple[str, int, str, str | None]], 
                 continue
             # A frame with no header before it: a traceback longer than the log window, its header left
             # out; its tail holds the innermost frames and the exception, what the site is read from.
-            block = open_[who] = _Block()
+            block = open_[who] = _Block(linking.pop(who, None))
         if m := FRAME.match(line):
             block.frames.append((m["path"], int(m["line"]), m["function"], None))
             block.expect_code = True
@@ -108,11 +141,26 @@ def tracebacks(text: str) -> list[tuple[list[tuple[str, int, str, str | None]], 
         elif CARETS.match(line) and line.strip():
             continue
         elif EXCEPTION.match(line.strip()) and not line.startswith(" "):
-            done.append((block.frames, line.strip()[:400]))
+            link = (block.frames, line.strip()[:400])
+            if block.chain is None:
+                found.append([link])
+                at = len(found) - 1
+            else:
+                at = block.chain
+                found[at].append(link)
+                order.remove(at)
+            order.append(at)
+            last[who] = at
             del open_[who]
         else:
             block.expect_code = False  # a line of another kind (an interleaved log line of this process)
-    return done
+    return [found[i] for i in order]
+
+
+def tracebacks(text: str) -> list[tuple[Frames, str]]:
+    """Every complete traceback in a log excerpt: (frames outermost first as (path, line, function, code),
+    the exception line), followed per stream; a chain's links in their printed order."""
+    return [link for chain in chains(text) for link in chain]
 
 
 def _parts(path: str) -> list[str]:
@@ -150,11 +198,12 @@ def is_own(path: str, own: tuple[str, ...] = SERVER_PACKAGES) -> bool:
     return not STDLIB.search(path.replace("\\", "/"))
 
 
-def site_of(frames: list[tuple[str, int, str, str | None]], own: tuple[str, ...] = SERVER_PACKAGES
+def site_of(frames: Frames, own: tuple[str, ...] = SERVER_PACKAGES
             ) -> tuple[str | None, str | None, tuple[Frame, ...], str | None]:
     """(site, function, evidence frames innermost first, why no site) for a traceback's frames."""
-    made = [Frame(path=package_path(p, own)[0], line=n, function=f, code=c, own=is_own(p, own))
-            for p, n, f, c in frames]
+    hook = next((i for i, (_, _, f, _) in enumerate(frames) if f in DISPATCH_HOOKS), len(frames))
+    made = [Frame(path=package_path(p, own)[0], line=n, function=f, code=c, own=i < hook and is_own(p, own))
+            for i, (p, n, f, c) in enumerate(frames)]
     inner_first = made[::-1]
     at = next((i for i, fr in enumerate(inner_first) if fr.own), None)
     if at is None:
@@ -164,15 +213,26 @@ def site_of(frames: list[tuple[str, int, str, str | None]], own: tuple[str, ...]
     return f"{site.path}:{site.line}", site.function, (site, *callers), None
 
 
-OOM_TYPE = re.compile(r"^[\w.]*OutOfMemoryError\b")
+def _typed_oom(exception: str) -> bool:
+    """An exception line whose type is PyTorch's OOM (`torch.OutOfMemoryError: …`), not one that carries an
+    OOM's text in its message (`RuntimeError: Orchestrator initialization failed: CUDA out of memory …`)."""
+    return "OutOfMemory" in exception.split(":", 1)[0]
 
 
-def oom_traceback(text: str) -> tuple[list[tuple[str, int, str, str | None]], str] | None:
-    """The last traceback in a log excerpt whose exception is an out-of-memory error: the last one raised as
-    one (`torch.OutOfMemoryError: …`) when there is one, else the last whose message says so (older torch
-    raised a `RuntimeError: CUDA out of memory`). vLLM-Omni 0.30.0 logs the OOM where it was raised, then
-    the wrappers that carry its text on (`RuntimeError: Orchestrator initialization failed: CUDA out of
-    memory…`, the chat route's re-raise): their innermost frames are the wrapping code, not the allocation."""
-    found = [tb for tb in tracebacks(text) if OOM.search(tb[1])]
-    raised = [tb for tb in found if OOM_TYPE.match(tb[1])]
-    return (raised or found)[-1] if found else None
+def oom_traceback(text: str) -> tuple[Frames, str] | None:
+    """The traceback of the last out-of-memory error in a log excerpt: of the last chain holding an exception
+    of PyTorch's OOM type, its first such link (a wrapper that repeats the OOM's text in its message — vLLM-Omni's
+    `RuntimeError(output.error)` after the worker caught it — raised elsewhere); with no typed OOM (torch < 1.13
+    raised `RuntimeError: CUDA out of memory`), the first OOM link of the last chain that has one."""
+    found = chains(text)
+    for test in (_typed_oom, lambda e: bool(OOM.search(e))):
+        link = next((link for chain in reversed(found) for link in chain if test(link[1])), None)
+        if link is not None:
+            return link
+    return None
+
+
+def last_chain(text: str) -> list[tuple[Frames, str]]:
+    """The exception chain a log excerpt ended with (root cause first); empty when it has none."""
+    found = chains(text)
+    return found[-1] if found else []

@@ -38,9 +38,11 @@ TERMS = [
 
 def _story(b: StopEvidence) -> str:
     """A flag set's stop from verdict.json: what stopped it, the deciding record, the server's own line."""
-    says = "".join(f" — server: {quote.code(clip(without_stamp(line), 200))}" for line in b.server_says)
-    stop = {"capacity": "stopped by capacity", "quality": "stopped by quality", "latency": "stopped by latency",
-            "served": "serves it"}.get(b.stop, "stopped by neither memory nor quality")
+    says = "".join(f" — server: {quote.code(clip(without_stamp(line), 200))}" for line in b.server_says
+                   if without_stamp(line) not in b.why)  # the why quotes it already (an HTTP error's body message)
+    stop = "serves it, but nothing measured its memory" if b.cause == "unmetered" else {
+        "capacity": "stopped by capacity", "quality": "stopped by quality", "latency": "stopped by latency",
+        "served": "serves it"}.get(b.stop, "stopped by neither memory nor quality")
     return f"**{stop}** — {quote.markdown(b.why)}" + (f" ({quote.code(b.record)})" if b.record else "") + says
 
 
@@ -62,19 +64,24 @@ def _psnr(db: float | None) -> str:
     return "" if db is None else f", {db:.1f} dB"
 
 
+def _figure(peak_bytes: int | None) -> str:
+    """A cell's device peak, or that it has none (the response said 0.0, no meter read the device)."""
+    return fmt_bytes(peak_bytes) if peak_bytes is not None else "no device figure"
+
+
 def _cell_text(cell: Cell | None, ssim: float | None) -> str:
     if cell is None:
         return "·"
     quality = _psnr(cell.psnr_db) + (f", SSIM {ssim:.3f}" if ssim is not None else "")
     if cell.served:
         spread = (f" [{fmt_s(cell.wall_min_s)}–{fmt_s(cell.wall_max_s)}]" if cell.wall_samples > 1 else "")
-        return (f"✅ {fmt_bytes(cell.peak_bytes)}, {fmt_s(cell.wall_s)} s{spread}"
+        return (f"✅ {_figure(cell.peak_bytes)}, {fmt_s(cell.wall_s)} s{spread}"
                 + (", baseline" if cell.baseline else quality))
     why = (cell.why_not or "").split(": ", 1)[-1]
     if cell.blocker == "skipped":
         return "⏭ " + quote.markdown(clip(why.removeprefix("skipped: "), 80))
     if cell.blocker == "oom":
-        return f"❌ OOM (peak seen {fmt_bytes(cell.peak_bytes)})"
+        return "❌ OOM" + (f" (peak seen {fmt_bytes(cell.peak_bytes)})" if cell.peak_bytes is not None else "")
     if cell.blocker in ("broken", "low-psnr"):
         seen = f" ({fmt_bytes(cell.peak_bytes)}, {fmt_s(cell.wall_s)} s{quality})" if cell.peak_bytes else ""
         return "⚠️ " + quote.markdown(clip(why, 80)) + seen
@@ -164,10 +171,17 @@ def identical_groups(pairs: Sequence[IdenticalPair]) -> list[tuple[list[str], li
 def _group_line(names: list[str], pairs: list[IdenticalPair]) -> str:
     steps = sorted({p.steps for p in pairs})
     shared = f"{steps[0]}" if len(steps) == 1 else f"{steps[0]}–{steps[-1]}"
-    same = [p.same_memory for p in pairs]
-    memory = ("with the same memory peaks: the flags reached nothing measured (inert flag?)" if all(same) else
-              "with different memory peaks: the flags changed memory, not the output" if not any(same) else
-              "memory peaks the same for some pairs, different for others")
+    kinds = {p.memory for p in pairs}
+    on = pairs[0].compared_on() if len(pairs) == 1 else "" if all(p.compared == p.steps for p in pairs) else \
+        " (where both sides have a device figure)"
+    memory = ("and no device-memory figure compares them: whether the flags reached memory was not measured"
+              if kinds == {"unmeasured"} else
+              f"with the same memory peaks{on}: the flags reached nothing measured (inert flag?)" if kinds == {"same"}
+              else f"with different memory peaks{on}: the flags changed memory, not the output"
+              if kinds == {"different"} else
+              "memory peaks " + ", ".join(w for k, w in (("same", "the same for some pairs"),
+                                                        ("different", "different for some"),
+                                                        ("unmeasured", "not measured for others")) if k in kinds))
     return f"byte-identical images from {' = '.join(repr(n) for n in names)} on every step they share " \
            f"({shared} shared steps per pair), {memory}"
 

@@ -15,7 +15,7 @@ from runner.core.records import (
     Status,
     StepRecord,
 )
-from runner.judge.decision import World
+from runner.judge.decision import Stop, World
 from runner.judge.verdict import decide, identical_pairs, ratio_interval
 from runner.judge.verdict_text import summary
 from runner.plan.matrix import VerdictRules
@@ -289,3 +289,55 @@ def test_a_step_the_scheduler_ended_cites_slurmstepds_line_not_sruns() -> None:
                   evidence=(line, "INFO request 3 start", "srun: launch/slurm: _step_signal: Terminating StepId=7.0"))]
     v = decide("c", steps, [session("default", "default")], RULES)
     assert "CANCELLED AT" in summary(v) and "Terminating StepId" not in summary(v), summary(v)
+
+
+# --- issue 44: a world needs a device-memory figure ------------------------------------------------------
+
+def unmetered(s: StepRecord) -> StepRecord:
+    """The step as vLLM-Omni 0.30 on a CPU answers it: an image, `peak_memory_mb: 0.0`, no device meter."""
+    return s.model_copy(update={"peaks": (
+        Peak(source="server-response", metric="device", bytes=None, samples=0, rate_hz=None, available=False,
+             reason="unavailable: choices[0].message.content[0].peak_memory_mb: the server reported 0.0 (not "
+                    "measured)"),
+        Peak(source="host", metric="host", bytes=2**30, samples=10, rate_hz=10.0, available=True))})
+
+
+def test_a_default_serving_the_target_with_no_device_figure_decides_no_world() -> None:
+    steps = [unmetered(step("default", "default", n)) for n in (1, 2)]
+    v = decide("c", steps, [session("default", "default")], RULES)
+    assert v.world == World.UNDECIDED and v.flags is None, v.reason
+    (b,) = v.stops
+    assert (b.stop, b.cause, b.record, b.references) == (Stop.UNKNOWN, "unmetered", "c/default/refs-2/f-seed-1", 2)
+    assert b.detail is not None and b.detail.startswith("the server reported 0.0 (not measured) at choices[0]")
+    assert "none of the card's meters reads the whole device" in b.detail
+    assert summary(v) == "cannot tell — default serves 2 refs, no device-memory figure [c/default/refs-2/f-seed-1]"
+
+
+def test_one_measured_step_at_the_target_is_a_figure() -> None:
+    steps = [step("default", "default", 2, seed=1), unmetered(step("default", "default", 2, seed=2))]
+    v = decide("c", steps, [session("default", "default")], RULES)
+    assert v.world == World.FITS_RESIDENT and v.evidence.peak_bytes == 2**30
+
+
+def test_an_unmetered_default_leaves_a_measured_offload_undecided_and_an_unmetered_offload_decides_nothing() -> None:
+    offload = [step("cpu-offload", "offload", n, wall=1.2, samples=(1.2, 1.25, 1.18)) for n in (1, 2)]
+    default = [unmetered(step("default", "default", n, samples=(1.0, 1.05, 0.98))) for n in (1, 2)]
+    sessions = [session("default", "default"), session("cpu-offload", "offload")]
+    v = decide("c", default + offload, sessions, RULES)
+    assert v.world == World.UNDECIDED, v.reason  # whether the default fits was never measured
+    oom = [step("default", "default", 2, Status.FAILED, kind=FailureClass.OOM)]
+    v = decide("c", oom + [unmetered(s) for s in offload], sessions, RULES)
+    assert v.world == World.UNDECIDED and [b.cause for b in v.stops] == ["oom", "unmetered"], v.reason
+
+
+def test_identical_images_compare_memory_only_where_both_sides_were_measured() -> None:
+    a, b = step("a", "default", 1), step("b", "offload", 1)
+    b = b.model_copy(update={"image_sha256": a.image_sha256})
+    (pair,) = identical_pairs([unmetered(a), unmetered(b)])
+    assert (pair.same_memory, pair.compared, pair.memory) == (None, 0, "unmeasured")
+    assert "different" not in pair.note() and "no device-memory figure compares them" in pair.note()
+    a2, b2 = step("a", "default", 2, gib=1.0), step("b", "offload", 2, gib=3.0)
+    b2 = b2.model_copy(update={"image_sha256": a2.image_sha256})
+    (pair,) = identical_pairs([a, unmetered(b), a2, b2])
+    assert (pair.same_memory, pair.compared, pair.steps) == (False, 1, 2)
+    assert "different memory peaks (on the 1 of 2 shared steps with a device figure on both sides)" in pair.note()

@@ -114,9 +114,12 @@ def small_png() -> bytes:
     return out.getvalue()
 
 
+PEAK_MIB = 64.0  # --peak-mib: what the image part says, as vLLM-Omni 0.30 on a GPU does; 0 is its "not measured"
+
+
 def chat(url: str) -> bytes:
-    return json.dumps({"choices": [{"message": {"content": [{"type": "image_url", "image_url": {"url": url}}]}}]
-                       }).encode()
+    part = {"type": "image_url", "image_url": {"url": url}, "peak_memory_mb": PEAK_MIB}
+    return json.dumps({"choices": [{"message": {"content": [part]}}], "metrics": None}).encode()
 
 
 def references(body: bytes) -> int:
@@ -245,11 +248,12 @@ BOMB = b""
 
 
 def main() -> None:
-    global BOMB
+    global BOMB, PEAK_MIB
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--mode", default="ok")
     p.add_argument("--metrics")
+    p.add_argument("--peak-mib", type=float, default=PEAK_MIB)
     a = p.parse_args()
     if a.mode.startswith("load-oom"):
         oom_traceback(a.mode)
@@ -264,7 +268,7 @@ def main() -> None:
         BOMB = gzip_bomb()
     elif a.mode == "bomb":
         BOMB = chat("data:image/png;base64," + base64.b64encode(png(12000, 12000)).decode())
-    Handler.mode, Handler.metrics = a.mode, a.metrics
+    Handler.mode, Handler.metrics, PEAK_MIB = a.mode, a.metrics, a.peak_mib
     log(f"hostile server mode {a.mode} on port {a.port}")
     ThreadingHTTPServer.daemon_threads = True
     ThreadingHTTPServer(("127.0.0.1", a.port), Handler).serve_forever()

@@ -10,7 +10,7 @@ from runner.core.records import FailureClass, SessionRecord, Status, StepRecord
 from runner.judge.findings.held import Reading, with_held
 from runner.judge.findings.memory import memory_model
 from runner.judge.findings.models import ContributionSite, Findings, FlagSetFindings, Fragmentation, Functional
-from runner.observe.failures import error_lines, without_stamp
+from runner.observe.failures import server_lines, without_stamp
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 OOM_KINDS = (FailureClass.OOM, FailureClass.OOM_AT_LOAD)
@@ -41,7 +41,7 @@ def functional(steps: Sequence[StepRecord], min_psnr_db: float) -> Functional:
                           why=_unusable(broken, min_psnr_db))
     bad = next((s for s in with_refs if s.failure is not None and s.failure.kind not in OOM_KINDS), None)
     if bad is not None and bad.failure is not None:
-        said = error_lines("\n".join(bad.failure.evidence)) or bad.failure.evidence[-1:] or (bad.failure.message,)
+        said = server_lines(bad.failure) or (bad.failure.message,)
         return Functional(works=False, record=bad.key, flags=bad.flags, references=bad.references,
                           server_says=without_stamp(said[0])[:400])
     return Functional(works=None)

@@ -14,14 +14,47 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
+from collections.abc import Iterable
 from operator import attrgetter
 
 from runner.core.records import Failure, FailureClass, OomReport, Peak, SessionRecord, Status, StepRecord
-from runner.core.units import fmt_bytes
+from runner.core.registry import METERS
+from runner.core.units import clip, fmt_bytes
 from runner.judge.findings.models import CountPeak, MemoryModel, OomFacts
 
 # Sources that read the whole device (runner.meters.reconcile.WHOLE_DEVICE; pure modules do not import meters).
 WHOLE_DEVICE = frozenset({"nvml", "sidecar", "dcgm", "prometheus"})
+UNLISTED = frozenset(e.name for e in METERS.entries() if not e.listed)  # a figure the response carries
+
+
+def _reported(reason: str) -> str:
+    """A response peak's reason, what was said first: "the server reported 0.0 (not measured) at
+    choices[0].message.content[0].peak_memory_mb"."""
+    place, sep, said = reason.removeprefix("unavailable: ").partition(": ")
+    return f"{said} at {place}" if sep and said.startswith("the server reported") else reason.removeprefix(
+        "unavailable: ")
+
+
+def no_device_figure(steps: Iterable[StepRecord]) -> str | None:
+    """Why the steps that came back with an image have no device-memory figure, in words from their records:
+    what the server reported in its responses (vLLM-Omni's 0.0 or null: "not measured"), what each device
+    source of the card said, and that none of them reads the whole device when none does. None when every
+    such step has a figure (or none came back)."""
+    bare = [s for s in steps if s.status == Status.OK and _device(s.peaks) is None]
+    if not bare:
+        return None
+    device = [p for s in bare for p in s.peaks if p.metric == "device"]
+    reported = [p.reason for p in device if p.source in UNLISTED and p.reason]
+    said = {p.source: p.reason or "no reading" for p in device if p.source not in UNLISTED}
+    parts = [" / ".join(dict.fromkeys(_reported(r) for r in reported))] if reported else \
+        ["the responses carried no peak of their own"]
+    if said:
+        parts.append("no meter read the device (" + "; ".join(
+            f"{src}: {clip(why.removeprefix('unavailable: '), 240)}" for src, why in said.items()) + ")")
+    listed = {p.source for s in bare for p in s.peaks}
+    if not listed & WHOLE_DEVICE:
+        parts.append("none of the card's meters reads the whole device (nvml, sidecar, dcgm, prometheus)")
+    return "; ".join(parts)
 
 
 def _device(peaks: tuple[Peak, ...], source: str | None = None) -> tuple[int, str] | None:
@@ -113,7 +146,9 @@ def memory_model(steps: list[StepRecord], session: SessionRecord | None, target:
     at_target = next((p.bytes for p in peaks if p.references == target), None)
     predicted, how = (at_target, "measured") if at_target is not None else \
         (fixed + slope * target, "line") if fixed is not None and slope is not None else (None, None)
-    return MemoryModel(source=source, load_peak_bytes=load_peak(session), peaks=peaks, target_references=target,
+    return MemoryModel(source=source, load_peak_bytes=load_peak(session), peaks=peaks,
+                       answered=tuple(sorted({s.references for s in served})), no_peak=no_device_figure(served),
+                       target_references=target,
                        predicted_peak_bytes=predicted, predicted_from=how, capacity_bytes=cap,
                        capacity_source=cap_source,
                        shortfall_bytes=None if predicted is None or cap is None else predicted - cap,

@@ -130,6 +130,12 @@ class MemoryModel(Record):
     source: str | None = Field(description="the memory source of the peaks (one source for the whole line)")
     load_peak_bytes: int | None = None
     peaks: tuple[CountPeak, ...] = ()
+    answered: tuple[int, ...] = Field(default=(), description="the reference counts at which a request came back "
+                                                              "with an image, with a device figure or without")
+    no_peak: str | None = Field(default=None, description="why requests that came back with an image have no "
+                                                          "device-memory figure, from their records (what the "
+                                                          "server reported, what each device source said); null "
+                                                          "when each has one")
     fixed_bytes: int | None = Field(default=None, description="the line's value at 0 references")
     per_reference_bytes: int | None = Field(default=None, description="marginal bytes per reference (slope)")
     points: int = Field(default=0, ge=0, description="served reference counts the line goes through")
