@@ -36,7 +36,7 @@ def example_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Co
 
 
 def verdicts(run_dir: Path) -> dict[str, dict]:
-    return {c["card"]: c for c in json.loads((run_dir / "verdict.json").read_text())["cards"]}
+    return {c["card"]: c for c in json.loads((run_dir / "verdict.json").read_text())["verdicts"]}
 
 
 def steps(run_dir: Path, card: str) -> dict[str, dict]:
@@ -94,7 +94,8 @@ def test_the_diagnosis_pass_does_not_kill_the_server_and_reads_its_trace(example
 def test_a_start_without_the_platform_quotes_the_cause_not_the_wrapper(tmp_path: Path) -> None:
     require_stand()
     matrix = example_copy("real-omni.toml", tmp_path / "matrix", seeds="[2301]", repeats="1",
-                          matrix={"flags": '["default"]', "cards": '["cpu-roomy"]', "references": "[1]"})
+                          matrix={"flags": '["default"]', "cards": '["cpu-roomy"]', "references": "[1]"},
+                          verdict={"target_references": "1"})
     # VLLM_PLUGINS names the plugins vLLM-Omni may load: ours is not among them, so 0.30.0 runs without a platform
     matrix.write_text(matrix.read_text().replace('VLLM_TARGET_DEVICE = "cpu",',
                                                  'VLLM_TARGET_DEVICE = "cpu", VLLM_PLUGINS = "none",'))
@@ -105,3 +106,53 @@ def test_a_start_without_the_platform_quotes_the_cause_not_the_wrapper(tmp_path:
     assert card["world"] == "undecided"
     said = json.dumps(card)
     assert "NotImplementedError" in said and "set_device" in said, said[:2000]
+
+
+FIXTURES = Path(__file__).with_name("fixtures")
+
+
+def fixture_matrix(name: str, folder: Path) -> Path:
+    """A fixture matrix with its references pointed at examples/refs (its server paths are the stand's, relative to
+    the repository's root, where the runner runs)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text((FIXTURES / name).read_text().replace('"refs/', f'"{ROOT}/examples/refs/'))
+    return path
+
+
+def test_the_first_contact_writes_no_sentence_its_records_contradict(tmp_path: Path) -> None:
+    """The shared data's first contact again (no accounted card: peak_memory_mb 0.0 in every answer, no meter on
+    the device): every request comes back with an image, nothing measures the device, and the report says so."""
+    require_stand()
+    proc = run(fixture_matrix("first-contact.toml", tmp_path / "matrix"), tmp_path)
+    (run_dir,) = tmp_path.glob("real-omni-*")
+    records = [json.loads(p.read_text()) for p in run_dir.glob("cpu/*/refs-*/*.json")]
+    assert len(records) == 8 and all(r["status"] == "ok" and r["image"] for r in records), proc.stderr[-2000:]
+    assert all(r["server_peak_mib"] is None for r in records)  # 0.0 is no figure
+    report = (run_dir / "report.md").read_text()
+    # the three sentences of the first contact, each contradicted by these records
+    assert "no request came back with an image" not in report
+    assert "different memory peaks" not in report and "the flags changed memory" not in report
+    assert "fits-resident (default) — offload serves" not in proc.stdout
+    # what is true instead: served with images, no device-memory figure, so no world
+    card = verdicts(run_dir)["cpu"]
+    assert card["world"] == "undecided" and "no device-memory figure" in card["reason"], card["reason"]
+    assert "came back with images at 1 ref and 2 refs, but with no device-memory figure" in report
+    assert proc.returncode == 1
+
+
+def test_a_model_the_server_does_not_serve_is_named_before_any_request(tmp_path: Path) -> None:
+    require_stand()
+    proc = run(fixture_matrix("model-mismatch.toml", tmp_path / "matrix"), tmp_path)
+    lines = proc.stdout.splitlines()
+    said = [i for i, line in enumerate(lines) if "model" in line and "'omni'" in line and "tiny-qwen-image-edit-plus"
+            in line]
+    first_step = next(i for i, line in enumerate(lines) if line.startswith("cpu/default/refs-"))
+    assert said and said[0] < first_step, proc.stdout[-3000:]
+    (run_dir,) = tmp_path.glob("real-omni-edits-*")
+    records = [json.loads(p.read_text()) for p in run_dir.glob("cpu/default/refs-*/*.json")]
+    assert len(records) == 2 and all(r["failure"]["http_status"] == 400 for r in records)  # every request sent
+    message = records[0]["failure"]["evidence"][0]
+    assert "Model mismatch: request specifies 'omni'" in message and "tiny-qwen-image-edit-plus" in message
+    reason = verdicts(run_dir)["cpu"]["reason"]
+    assert "Model mismatch" in reason and '"POST /v1/images/edits HTTP/1.1" 400' not in reason, reason
