@@ -167,9 +167,9 @@ def ask(server: ServerPlan, timeout_s: float = TIMEOUT_S, stop: threading.Event 
                          if rc else f"{extra} listed no flags")
         return Answer(None, f"{asker.name}: " + "; ".join(tried))
     except HelpUnavailable as exc:
-        return Answer(None, str(exc))
+        return Answer(None, f"{asker.name}: {exc}" if asker is not None else str(exc))
     except Exception as exc:  # a preflight ends as a line, never as a traceback
-        return Answer(None, f"{type(exc).__name__}: {exc}")
+        return Answer(None, f"{asker.name + ': ' if asker is not None else ''}{type(exc).__name__}: {exc}")
     finally:
         if asker is not None:
             with contextlib.suppress(Exception):
