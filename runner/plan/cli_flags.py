@@ -297,7 +297,9 @@ def check(matrix: Matrix) -> list[str]:
 # help or the end of the line. Each comma-separated part is one option string and, when it takes a value, its
 # metavar ("--x X", "--x {a,b}", "--x [X ...]"); before Python 3.13 every part repeats the metavar.
 _OPTION_LINE = re.compile(r"  (-\S.*?)(?: {2,}\S.*)?")
-_OPTION_PART = re.compile(r"(?P<flag>-{1,2}[A-Za-z0-9#?][^\s,=\[\]{}]*)(?P<metavar> \S.*)?")
+# An option string as a server may print it (its --help is untrusted: nothing else reaches a refusal line).
+OPTION = re.compile(r"-{1,2}[A-Za-z0-9#?][A-Za-z0-9_.#?+-]{0,127}")
+_OPTION_PART = re.compile(rf"(?P<flag>{OPTION.pattern})(?P<metavar> \S.*)?")
 
 
 def parse_help(text: str) -> tuple[frozenset[str], frozenset[str]]:

@@ -107,8 +107,9 @@ def read_cache(key: str) -> tuple[frozenset[str], frozenset[str], str] | None:
             return None
         doc = json.loads(path.read_text(encoding="utf-8"))
         flags, valued, asked = doc["flags"], doc["valued"], doc["asked"]
-        if doc["key"] != key or not all(isinstance(x, list) and all(isinstance(f, str) for f in x)
-                                        for x in (flags, valued)) or not isinstance(asked, str):
+        if doc["key"] != key or asked not in HELP_ARGS or not all(
+                isinstance(x, list) and all(isinstance(f, str) and cli_flags.OPTION.fullmatch(f) for f in x)
+                for x in (flags, valued)):
             return None
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -263,6 +263,8 @@ def test_parse_help_reads_argparse_option_lines_only() -> None:
                                          "                        Number of tensor parallel groups.\n"
                                          "  --omni                Enable vLLM-Omni mode\n")
     assert flags == {"-tp", "--tensor-parallel-size", "--omni"} and valued == {"-tp", "--tensor-parallel-size"}
+    # a server's --help is untrusted: an option string with control characters never reaches a refusal line
+    assert cli_flags.parse_help("  --enable-cpu-offload\x1b[2J\n  --x\x07y Z\n")[0] == frozenset()
     # vLLM's plain --help lists its groups only: no flags (the preflight asks --help=all first)
     groups = ("usage: vllm serve [model_tag] [options]\n\nConfig Groups:\n"
               "  ModelConfig    Configuration for the model.\n")

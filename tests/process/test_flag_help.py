@@ -98,6 +98,12 @@ def test_a_misspelt_flag_of_a_local_fork_stops_the_run_before_anything_starts(tm
     again = run(path, tmp_path / "cache")
     assert again.returncode == 2 and "cached in " + str(tmp_path / "cache") in again.stderr
     assert (tmp_path / "fork.log").read_text().splitlines() == asked
+    # a cache file that is not what the runner wrote (edited, truncated) is no answer: the fork is asked again
+    (cached,) = (tmp_path / "cache" / "server-flags").glob("*.json")
+    cached.write_text(cached.read_text().replace('"--enable-cpu-offload"', '"--enable-cpu-offload\\u001b[2J"'))
+    third = run(path, tmp_path / "cache")
+    assert third.returncode == 2 and "cached in" not in third.stderr and "\x1b" not in third.stderr
+    assert len((tmp_path / "fork.log").read_text().splitlines()) == len(asked) + 2
 
 
 def test_a_dashless_flag_after_a_flag_that_takes_none_is_refused(tmp_path: Path) -> None:
