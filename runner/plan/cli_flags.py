@@ -311,7 +311,8 @@ def parse_help(text: str) -> tuple[frozenset[str], frozenset[str]]:
         m = _OPTION_LINE.fullmatch(line.rstrip())
         if not m:
             continue
-        parts = [_OPTION_PART.fullmatch(p) for p in m.group(1).split(", ")]
+        # split before each option string only: vLLM's metavars list choices as "['auto', 'hf']"
+        parts = [_OPTION_PART.fullmatch(p) for p in re.split(r", (?=-)", m.group(1))]
         if not all(parts):
             continue
         names = {p.group("flag") for p in parts if p}

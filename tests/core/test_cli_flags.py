@@ -271,6 +271,24 @@ def test_parse_help_reads_argparse_option_lines_only() -> None:
     assert cli_flags.from_help(groups, "x", "y") is None
 
 
+def test_the_real_help_of_vllm_omni_0_30_reads_as_the_shipped_vocabulary() -> None:
+    """Recorded from the real vLLM-Omni 0.30.0 (tests/core/fixtures/vllm-omni-0.30.0-help-all.txt says how):
+    every flag of the shipped vocabulary (read from the wheel's source) is among its option lines, and the
+    rest are the --no-X of its boolean flags and -h/--help. Before the metavars of choices were read whole
+    ("--config-format ['auto', 'hf', 'mistral']"), four flags went missing and would have been refused."""
+    text = (ROOT / "tests" / "core" / "fixtures" / "vllm-omni-0.30.0-help-all.txt").read_text()
+    vocab = cli_flags.from_help(text, "vllm serve", "its --help=all")
+    shipped = cli_flags.vocabulary("0.30.0")
+    assert vocab is not None and shipped is not None and vocab.valued is not None
+    assert shipped.flags <= vocab.flags
+    assert {f for f in vocab.flags - shipped.flags if not f.startswith("--no-")} == {"-h", "--help"}
+    assert {"--quantization", "-q", "-tp", "--config-format", "--diffusion-offload-config",
+            "--served-model-name", "--lora-path"} <= vocab.valued
+    assert not {"--enable-cpu-offload", "--enable-layerwise-offload", "--enforce-eager", "--no-enforce-eager",
+                "--omni"} & vocab.valued
+    assert "--json-arg" not in vocab.flags  # the epilog's example, not an option line
+
+
 # --- the maintainer script --------------------------------------------------------------------------------------
 
 def script() -> ModuleType:
