@@ -238,7 +238,7 @@ def problems(args: Sequence[str], vocab: Vocabulary | None, *, before: str | Non
                 near = meant if vocab.knows(meant) else vocab.near(meant, cutoff=0.85)
                 if near:
                     out.append(f"{arg} has one dash, so argparse reads it as short options ({vocab.name}"
-                               f"{_src(vocab, ', ')}); did you mean {near}?")
+                               f"{', ' + vocab.source if vocab.source else ''}); did you mean {near}?")
         elif vocab is not None and not leading and _NAME.fullmatch(arg):
             meant = "--" + arg.replace("_", "-")
             if meant in vocab.flags and not _may_be_value(prev, arg, vocab):
@@ -250,10 +250,8 @@ def problems(args: Sequence[str], vocab: Vocabulary | None, *, before: str | Non
     return out
 
 
-def _src(vocab: Vocabulary, sep: str = " (") -> str:
-    if not vocab.source:
-        return ""
-    return f"{sep}{vocab.source})" if sep == " (" else f"{sep}{vocab.source}"
+def _src(vocab: Vocabulary) -> str:
+    return f" ({vocab.source})" if vocab.source else ""
 
 
 def check_server(matrix: Matrix, name: str, vocab: Vocabulary | None) -> None:

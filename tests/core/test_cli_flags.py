@@ -53,7 +53,7 @@ def test_plan_of_a_correct_matrix_says_nothing_about_flags(tmp_path: Path) -> No
 def test_plan_of_the_seed_says_in_one_line_that_its_fork_is_checked_at_preflight(tmp_path: Path) -> None:
     """The seed serves the fork 8484d85d1, which names no release: `runner plan` (nothing started) cannot know
     its flags, and said nothing (a typo planned with exit 0 and no word); now one line says where they are
-    checked. The run's preflight asks the fork itself (tests/process/test_flag_help.py, tests/docker)."""
+    checked. The run's preflight asks the fork itself (tests/process/test_fork_flags_local.py, tests/docker)."""
     typo = SEED.replace('"--enable-cpu-offload"]', '"--enable-cpu-offlaod"]')
     proc = plan(write(tmp_path, typo))
     assert proc.returncode == 0, proc.stderr

@@ -1,4 +1,4 @@
-"""Stands for `vllm serve` of the seed's vLLM-Omni image in the flag tests (tests/docker/test_flag_help.py), the
+"""Stands for `vllm serve` of the seed's vLLM-Omni image in the flag tests (tests/docker/test_fork_flags_image.py), the
 one thing the preflight asks of it: its help. What is real: vLLM-Omni 0.30.0's flag names (the shipped
 vocabulary, copied beside this file into the image), Python's own argparse help format, and vLLM's split of it
 (a plain --help lists the config groups only, --help=all every flag; without --omni, vLLM's flags alone, as
