@@ -233,6 +233,17 @@ def check_reachable(matrix: Matrix, todo: Pending, *, skip_unreachable: bool) ->
     return left
 
 
+def check_flags(matrix: Matrix, plan: Plan, todo: Pending, stop: threading.Event) -> None:
+    """The flag sets of a vLLM-Omni server that names no release (a fork), against its own `--help` where the
+    pending cards run it (preflight, nothing started yet): a bad flag is one line and exit 2; flags that could
+    not be asked are one warning line per server (runner.run.flag_help)."""
+    from runner.run import flag_help
+
+    cards = list(dict.fromkeys(c for lane in todo.lanes for c in lane.cards))
+    for line in flag_help.check(matrix, plan, cards, stop=stop):
+        print(f"runner: warning: {line}", file=sys.stderr)
+
+
 def run(matrix_path: str, *, results: str | None = None, resume: str | None = None, progress: bool = True,
         metrics_port: int | None = None, skip_unreachable: bool = False,
         command: Sequence[str] | None = None) -> int:
@@ -248,6 +259,7 @@ def run(matrix_path: str, *, results: str | None = None, resume: str | None = No
         todo = None
         if not opened.resumed:  # a new run: an unreachable host ends it before its folder (and lock) exists
             todo = check_reachable(opened.matrix, pending(opened.plan, (), ()), skip_unreachable=skip_unreachable)
+            check_flags(opened.matrix, opened.plan, todo, stop)
         lock = runlock.acquire(opened.store.root)  # a second runner on this folder is refused here
         try:
             return _run(opened, command, progress, metrics_port, skip_unreachable, interrupts, live, todo)
@@ -274,6 +286,7 @@ def _run(opened: Opened, command: list[str], progress: bool, metrics_port: int |
         todo = left_to_do(opened)
         if todo.steps:
             todo = check_reachable(opened.matrix, todo, skip_unreachable=skip_unreachable)
+            check_flags(opened.matrix, opened.plan, todo, interrupts.stop)
     opened.store.write_run(declared_run(opened.run_doc, opened.store.root))
     owed = 0 if todo.steps else owed_topups(opened)
     print(banner(opened, todo, owed), file=sys.stderr)

@@ -77,9 +77,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from runner.plan.matrix import load_matrix
 
     matrix = load_matrix(args.matrix, check_files=False)
-    cli_flags.check(matrix)
+    notes = cli_flags.check(matrix)  # a fork's flags: checked at the run's preflight, said here in one line
     plan = make_plan(matrix)
     print(describe(plan, matrix))
+    for note in notes:
+        print(note)
     if args.estimate_from:
         from runner.present.cost import estimate, estimate_lines
         from runner.run.store import RunStore

@@ -181,6 +181,19 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
         log.write(json.dumps(line) + "\n")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _runner_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The runner's per-user cache (a fork's flags read from its --help, runner.run.flag_help) in a folder of
+    this session, not the user's ~/.cache: every runner the tests start inherits it."""
+    old = os.environ.get("RUNNER_CACHE_DIR")
+    os.environ["RUNNER_CACHE_DIR"] = str(tmp_path_factory.mktemp("runner-cache"))
+    yield
+    if old is None:
+        os.environ.pop("RUNNER_CACHE_DIR", None)
+    else:
+        os.environ["RUNNER_CACHE_DIR"] = old
+
+
 @pytest.fixture(scope="session")
 def local_example(tmp_path_factory: pytest.TempPathFactory) -> ExampleRun:
     """One run of examples/local.toml (the README's first command's matrix), shared by the tests that only read its

@@ -286,6 +286,9 @@ class BackendEntry:
     # "module:function"(ServerPlan, host folder) -> (ServerPlan, the folder as the server sees it): how a folder of
     # the runner's reaches the server, for the allocator snapshot it writes (raises ValueError: why it cannot)
     profile_dir: Target = "runner.backends.base:same_path"
+    # "module:function"(ServerPlan) -> an asker of the server's own `--help` (runner.run.flag_help): how the
+    # preflight reads a vLLM-Omni fork's flags where it runs (None: this backend cannot ask, and says so)
+    ask_help: Target | None = None
 
 
 def _local_line(server: Any) -> str:
@@ -303,12 +306,14 @@ def _docker_line(server: Any) -> str:
 BACKENDS: Registry[BackendEntry] = Registry("backend")
 BACKENDS.register(BackendEntry("local", "runner.backends.local:LocalServer", LocalOptions, "127.0.0.1",
                                "a subprocess of this runner, on 127.0.0.1", reap="runner.backends.local:reap",
-                               preflight="runner.backends.local:preflight", start_line=_local_line))
+                               preflight="runner.backends.local:preflight", start_line=_local_line,
+                               ask_help="runner.run.flag_help:LocalAsker"))
 BACKENDS.register(BackendEntry("docker", "runner.backends.docker:DockerServer", DockerOptions, "0.0.0.0",
                                "a container on a local or remote Docker Engine, at its published port",
                                needs_image=True, reap="runner.backends.docker:reap_hosts",
                                endpoint="runner.backends.docker:endpoint", probe="runner.run.reach:probe_engine",
-                               start_line=_docker_line, profile_dir="runner.backends.docker:profile_dir"))
+                               start_line=_docker_line, profile_dir="runner.backends.docker:profile_dir",
+                               ask_help="runner.run.flag_help:DockerAsker"))
 
 
 # --- request dialects ------------------------------------------------------------------------------------------
@@ -425,4 +430,4 @@ BACKENDS.register(BackendEntry("slurm", "runner.backends.slurm:SlurmServer", Slu
                                "a job step on the node Slurm allocated, at the port the step chose there",
                                reap="runner.backends.slurm:reap", preflight="runner.backends.slurm:preflight",
                                start_line=_slurm_line, lane="runner.backends.slurm:lane",
-                               starts_sidecar=True))
+                               starts_sidecar=True, ask_help="runner.run.flag_help:LocalAsker"))

@@ -5,7 +5,9 @@ what is wrong, and nothing started or written when it is.
   count (read before any decoder allocates), and which then decode;
 - the baseline's samples.json: well-formed, finite numbers;
 - the results folder: a writable folder (or creatable under one) with room left;
-- every flag of a flag set whose server runs a named vLLM-Omni release: a flag of that release (cli_flags);
+- every flag of a flag set whose server runs a named vLLM-Omni release: a flag of that release, and no
+  typographic, single-dash or dashless look-alike of one (cli_flags; a fork's, which names no release, are
+  checked against its own --help once the hosts are reached: runner.run.flag_help, from runner.app);
 - env values that reference the runner's environment ("${VAR}"): the variable is set;
 - what each backend checks itself (runner.core.registry: local servers on a fixed port: the port is free, and no
   two lanes start that server at the same time).
