@@ -90,7 +90,7 @@ def test_generations_on_text_to_image_and_a_wrong_model(tmp_path: Path) -> None:
                                                                steps=2, size=(256, 256)))
         assert wrong.status_code == 400
         message = wrong.json()["error"]["message"]
-        assert message == f"Model mismatch: request specifies 'omni' but server is running '{SERVED}'"
+        assert message == f"Model mismatch: request specifies 'omni' but server is running '{SERVED}'."
         models = httpx.get(s.base + "/v1/models", timeout=10).json()
         assert [m["id"] for m in models["data"]] == [SERVED]
     finally:
