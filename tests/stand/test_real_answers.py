@@ -37,7 +37,8 @@ def request(n: int, size: tuple[int, int] = (256, 256)) -> dialects.ImageRequest
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServer]:
     folder = tmp_path_factory.mktemp("real-answers")
-    config = {"profiler": "torch", "torch_profiler_dir": str(folder / "profile"), "torch_profiler_with_memory": True}
+    config = {"profiler": "torch", "torch_profiler_dir": str(folder / "profile"), "torch_profiler_with_memory": True,
+              "torch_profiler_with_stack": False, "torch_profiler_dump_cuda_time_total": False}
     s = start(folder / "server.log", "--served-model-name", SERVED, "--log-stats",
               "--profiler-config", json.dumps(config), env={"RUNNER_CARD_VRAM_GIB": str(CAPACITY_GIB)})
     yield s
