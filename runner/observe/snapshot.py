@@ -63,18 +63,26 @@ class _NoGlobals(pickle.Unpickler):
                             "plain data")
 
 
+def gunzipped(data: bytes, max_bytes: int, error: type[ValueError]) -> bytes:
+    """A server-written file's bytes, inflated at most to `max_bytes` when gzipped (a decompression bomb is an
+    `error` naming the bound, never memory); bytes that are not gzip come back as they are."""
+    if data[:2] != GZIP_MAGIC:
+        return data
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as z:
+            out = z.read(max_bytes + 1)
+    except (OSError, EOFError) as exc:
+        raise error(f"broken gzip: {exc}") from None
+    if len(out) > max_bytes:
+        raise error(f"too large: more than {max_bytes} bytes once decompressed")
+    return out
+
+
 def load(data: bytes, max_bytes: int = MAX_FILE_BYTES) -> dict[str, Any]:
     """An allocator snapshot's bytes (a pickle, gzipped or not) → its dict; SnapshotError naming why not."""
     if len(data) > max_bytes:
         raise SnapshotError(f"too large: {len(data)} bytes > {max_bytes}")
-    if data[:2] == GZIP_MAGIC:
-        try:
-            with gzip.GzipFile(fileobj=io.BytesIO(data)) as z:
-                data = z.read(max_bytes + 1)
-        except (OSError, EOFError) as exc:
-            raise SnapshotError(f"broken gzip: {exc}") from None
-        if len(data) > max_bytes:
-            raise SnapshotError(f"too large: more than {max_bytes} bytes once decompressed")
+    data = gunzipped(data, max_bytes, SnapshotError)
     try:
         obj = _NoGlobals(io.BytesIO(data)).load()
     except SnapshotError:

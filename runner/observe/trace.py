@@ -7,22 +7,22 @@ events are a reading of their own: each allocation or free the profiler saw, wit
 (`Total Allocated`) on its device. That reading has no sites and sees only the thread that started the profiler
 and what was allocated after it started; it is labelled as such wherever it is shown.
 
-Untrusted input, bounded like a snapshot: the file's size, its inflated size, and the events walked.
+Untrusted input, bounded like a snapshot (its bounded gunzip): the file's size, its inflated size, the events
+walked; each figure validated as every memory figure is (observe/reading.py).
 """
 
 from __future__ import annotations
 
-import gzip
-import io
+import contextlib
 import json
-import math
 from dataclasses import dataclass
-from typing import Any
+
+from runner.observe.reading import BadReading, to_bytes
+from runner.observe.snapshot import gunzipped
 
 MAX_FILE_BYTES = 64 * 2**20
 MAX_INFLATED_BYTES = 512 * 2**20  # the stand's trace of one request: 3.9 MB gzipped, 178,459 events
 MAX_EVENTS = 5_000_000
-MAX_BYTES_FIGURE = 2**50  # 1 PiB: past it a figure is not one (as every memory figure of the runner)
 DEVICE_TYPES = {0: "CPU", 1: "CUDA"}  # c10::DeviceType
 
 
@@ -37,33 +37,14 @@ class TraceMemory:
     device: str  # the device their allocator is on ("CPU", "CUDA", or "device type N")
 
 
-def _inflate(data: bytes) -> bytes:
-    if len(data) > MAX_FILE_BYTES:
-        raise TraceError(f"too large: more than {MAX_FILE_BYTES} bytes")
-    if not data.startswith(b"\x1f\x8b"):
-        return data
-    try:
-        with gzip.GzipFile(fileobj=io.BytesIO(data)) as z:
-            out = z.read(MAX_INFLATED_BYTES + 1)
-    except (OSError, EOFError) as exc:
-        raise TraceError(f"broken gzip: {exc}") from None
-    if len(out) > MAX_INFLATED_BYTES:
-        raise TraceError(f"too large: inflates past {MAX_INFLATED_BYTES} bytes")
-    return out
-
-
-def _figure(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    if not math.isfinite(value) or not 0 <= value < MAX_BYTES_FIGURE:
-        return None
-    return int(value)
-
-
 def read_bytes(data: bytes) -> TraceMemory:
     """A Chrome trace's bytes (gzipped or not) → its memory events; TraceError naming why not."""
+    if len(data) > MAX_FILE_BYTES:
+        raise TraceError(f"too large: more than {MAX_FILE_BYTES} bytes")
     try:
-        doc = json.loads(_inflate(data))
+        doc = json.loads(gunzipped(data, MAX_INFLATED_BYTES, TraceError))
+    except TraceError:
+        raise
     except (ValueError, RecursionError) as exc:
         raise TraceError(f"not JSON: {str(exc)[:80]}") from None
     events = doc.get("traceEvents") if isinstance(doc, dict) else None
@@ -77,8 +58,8 @@ def read_bytes(data: bytes) -> TraceMemory:
         if not isinstance(args, dict):
             continue
         count += 1
-        total = _figure(args.get("Total Allocated"))
-        if total is not None:
+        with contextlib.suppress(BadReading):  # a figure that is no reading (reading.py) is left out
+            total = to_bytes(args.get("Total Allocated"), "Total Allocated")
             peak = total if peak is None else max(peak, total)
         kind = args.get("Device Type")
         if isinstance(kind, int) and not isinstance(kind, bool):

@@ -11,12 +11,13 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.refserver.refserver_helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 STAND = ROOT / ".stand"
@@ -50,14 +51,6 @@ class RealServer:
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start(log: Path, *args: str, env: dict[str, str] | None = None, wait: bool = True,
@@ -94,11 +87,3 @@ def stop(server: RealServer) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(server.proc.pid, signal.SIGKILL)
             server.proc.wait(5)
-
-
-@pytest.fixture
-def real_server_factory(tmp_path: Path) -> Iterator[list[RealServer]]:
-    started: list[RealServer] = []
-    yield started
-    for server in started:
-        stop(server)
