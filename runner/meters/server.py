@@ -39,12 +39,6 @@ def _largest(values: list[float]) -> float:
     return next((v for v in values if v != v), max(values))  # a NaN is not lost to max(): it is refused
 
 
-def gauge_value(text: str, names: tuple[str, ...]) -> float | None:
-    """The largest sample of the first family named (over labels, e.g. stages), or None."""
-    found = _families(text, names)
-    return next((_largest(found[n]) for n in names if found.get(n)), None)
-
-
 def read_page(text: str) -> tuple[str, int | None] | None:
     """("current", bytes) from the reference server's gauge, ("last-peak", bytes) from vLLM-Omni's,
     ("last-peak", None) when vLLM-Omni's is declared without a sample yet, None when the page has neither; a
