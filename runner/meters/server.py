@@ -89,7 +89,8 @@ class ServerMetricsMeter(PolledMeter):
         return got[1]
 
     def window_peak(self, t0: float, t1: float) -> Peak:
-        if self.kind != "last-peak":
+        # After stop (the session's own peaks) there is no request to read after: the samples polled are it.
+        if self.kind != "last-peak" or self.client.is_closed:
             return super().window_peak(t0, t1)
         try:
             after = self.read()  # the gauge was set before the response went out

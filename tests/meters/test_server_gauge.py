@@ -37,6 +37,9 @@ def test_vllm_omni_peak_gauge_is_scraped_per_request() -> None:
         assert stale.bytes == 23522 * 2**20 and "may be the previous request's" in stale.reason
         meter.stop()
         assert meter.kind == "last-peak" and meter.provenance()["available"]
+        # the session's window, asked after stop: the highest sample polled, not a read on a closed client
+        session = meter.window_peak(0, time.time())
+        assert session.available and session.bytes == 23522 * 2**20, session.reason
     finally:
         server.shutdown()
         thread.join(timeout=5)
