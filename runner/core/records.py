@@ -87,7 +87,8 @@ class OomReport(Record):
 # 5: session served_model (a default: a record of 4 reads with none); server_stage_durations_s in seconds for
 #    every key (4 kept vLLM-Omni 0.30's `*_ms` keys as their milliseconds: they become seconds, suffix dropped);
 #    diagnosis trace, trace_peak_bytes, trace_device (defaults: a record of 4 reads with none)
-SCHEMA_VERSION = 5
+# 6: step floor_before, floor_after (defaults: a record of 5 reads with no floors)
+SCHEMA_VERSION = 6
 
 
 def _schema_extra(*, required: tuple[str, ...] = (), rules: dict[str, Any] | None = None
@@ -166,6 +167,21 @@ class Peak(Record):
     bytes: int | None = Field(ge=0)
     samples: int = Field(ge=0)
     rate_hz: float | None
+    available: bool
+    reason: str | None = None
+
+
+class Level(Record):
+    """The device level settled in a quiet window between requests, from one source: the least sample in the
+    window (memory a request frees is gone by then; what stays is the floor). `bound` says what it is: "exact"
+    for the server's own figure of live tensor bytes, "upper-bound" for a whole-device source (NVML, dcgm,
+    Prometheus, the sidecar), which also counts the allocator's cache of freed blocks and other processes."""
+
+    source: str
+    bytes: int | None = Field(ge=0)
+    samples: int = Field(ge=0)
+    window_s: float = Field(ge=0, allow_inf_nan=False, description="the quiet window's length")
+    bound: Literal["exact", "upper-bound"]
     available: bool
     reason: str | None = None
 
@@ -262,6 +278,11 @@ class StepRecord(Record):
     sends: tuple[SendTime, ...] = Field(default=(), description="every send of this request in order, top-ups of "
                                         "`repeats = \"auto\"` included: its cost, and when each timed sample "
                                         "existed (the report's \"verdict known at\")")
+    floor_before: tuple[Level, ...] = Field(default=(), description="the device level settled before the request "
+                                            "(after the load, or after the previous request of the same start), "
+                                            "per device source")
+    floor_after: tuple[Level, ...] = Field(default=(), description="the device level settled in the quiet window "
+                                           "after the request, per device source: what the request left behind")
     schema_version: int = Field(default=SCHEMA_VERSION, ge=1)
 
     def peak(self, metric: str = "device") -> Peak | None:

@@ -12,13 +12,14 @@ import time
 from abc import ABC, abstractmethod
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
-from runner.core.records import Peak
+from runner.core.records import Level, Peak
+from runner.core.registry import METERS
 from runner.observe import bounded, quote
 from runner.observe.reading import BadReading, to_bytes
 
@@ -79,9 +80,31 @@ class Meter(ABC):
         """The newest reading, for live display; None when there is none."""
         return None
 
+    @property
+    def bound(self) -> Literal["exact", "upper-bound"]:
+        """What a level of this source is: the server's own figure of its live tensors is exact; a whole-device
+        source also counts the allocator's cache of freed blocks (and any other process): an upper bound."""
+        return "upper-bound" if self.source not in METERS or METERS.get(self.source).whole_device else "exact"
+
+    def window_floor(self, t0: float, t1: float) -> Level:
+        """The settled level in a quiet window [t0, t1] between requests: the least sample in it."""
+        s = self.series()
+        values = [v for t, v in zip(s.t, s.value, strict=True) if t0 <= t <= t1]
+        return floor_level(self, values, t1 - t0)
+
     def extra_series(self) -> tuple[Series, ...]:
         """Secondary series of the same source (NVML's driver-reserved bytes), for memory.csv and plots."""
         return ()
+
+
+def floor_level(meter: Meter, values: Sequence[int], window_s: float, why_none: str | None = None) -> Level:
+    """A quiet window's samples as a Level: the least one, or unavailable saying why there is none."""
+    if not values:
+        return Level(source=meter.source, bytes=None, samples=0, window_s=round(max(window_s, 0.0), 3),
+                     bound=meter.bound, available=False,
+                     reason=why_none or f"no sample in the {max(window_s, 0.0):.2f} s quiet window")
+    return Level(source=meter.source, bytes=min(values), samples=len(values), window_s=round(max(window_s, 0.0), 3),
+                 bound=meter.bound, available=True)
 
 
 def run_at_rate(stop: threading.Event, hz: float, tick: Callable[[], None]) -> None:
@@ -237,6 +260,13 @@ class PolledMeter(Meter):
                     rate_hz=round(len(values) / span, 2), available=True,
                     reason=reason)
 
+    def window_floor(self, t0: float, t1: float) -> Level:
+        with self._lock:
+            lo, hi = bisect_left(self._t, t0), bisect_right(self._t, t1)
+            values = self._v[lo:hi]
+        return floor_level(self, values, t1 - t0, None if values else
+                           f"no sample in the {t1 - t0:.2f} s quiet window ({self._last_error or 'source silent'})")
+
     def provenance(self) -> dict[str, Any]:
         with self._lock:
             n = len(self._t)
@@ -269,6 +299,9 @@ class UnavailableMeter(Meter):
     def window_peak(self, t0: float, t1: float) -> Peak:
         return Peak(source=self.source, metric=self.metric, bytes=None, samples=0, rate_hz=None, available=False,
                     reason=self.reason)
+
+    def window_floor(self, t0: float, t1: float) -> Level:
+        return floor_level(self, (), t1 - t0, self.reason)
 
     def provenance(self) -> dict[str, Any]:
         return {"source": self.source, "metric": self.metric, "available": False, "reason": self.reason,

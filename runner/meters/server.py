@@ -19,9 +19,9 @@ from bisect import bisect_right
 from prometheus_client.parser import text_string_to_metric_families
 
 from runner.backends.base import RunningServer
-from runner.core.records import Peak
+from runner.core.records import Level, Peak
 from runner.core.units import MIB
-from runner.meters.base import Meter, PolledMeter, SourceUnavailable, UnavailableMeter, fetch_text
+from runner.meters.base import Meter, PolledMeter, SourceUnavailable, UnavailableMeter, fetch_text, floor_level
 from runner.observe import bounded
 from runner.observe.reading import to_bytes
 from runner.plan.matrix import Card
@@ -109,6 +109,12 @@ class ServerMetricsMeter(PolledMeter):
                     "previous request's"
         return Peak(source=self.source, metric=self.metric, bytes=after, samples=1, rate_hz=None, available=True,
                     reason=what)
+
+    def window_floor(self, t0: float, t1: float) -> Level:
+        if self.kind == "last-peak":  # the gauge holds a finished request's peak: no level between requests
+            return floor_level(self, (), t1 - t0, f"{PEAK_GAUGES[0]} is the last request's peak, not the level "
+                                                  "between requests")
+        return super().window_floor(t0, t1)
 
     def stop(self) -> None:
         super().stop()

@@ -287,6 +287,9 @@ class RunSettings(Table):
     # A floor as well as a ceiling: a rate near zero is a sampling period beyond any clock (1e-300 Hz).
     sample_hz: float = Field(20, ge=MIN_SAMPLE_HZ, le=1000,
                              description="meter sampling rate (each meter caps it to what its source sustains)")
+    quiet_s: float = Field(0.3, ge=0, le=60, allow_inf_nan=False,
+                           description="the quiet window after each request (and after a server is ready) in which "
+                                       "the meters read the level it left behind (`floor_after`); 0: no floors")
 
     @model_validator(mode="after")
     def _max_repeats_with_auto(self) -> RunSettings:

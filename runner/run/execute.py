@@ -28,6 +28,7 @@ from runner.backends.base import Attempt, RunningServer, StartFailed, StartInter
 from runner.core.records import (
     Failure,
     FailureClass,
+    Level,
     Peak,
     ServedModel,
     ServerStart,
@@ -37,6 +38,7 @@ from runner.core.records import (
 )
 from runner.core.registry import BACKENDS, DIALECTS, METERS, load
 from runner.core.units import slug
+from runner.core.vocab import MemoryMetric
 from runner.judge import scoring, verdict
 from runner.meters import Meter, build_meters, idle_baseline
 from runner.observe import bounded
@@ -230,20 +232,35 @@ class SessionRunner:
                                          sends.unread[0] if sends.unread else None)
 
     def execute(self, sender: Sender, meters: list[Meter], step: Step, attempt: int,
-                determinism_resend: bool) -> StepRecord | Served:
+                determinism_resend: bool, floor_before: tuple[Level, ...] = ()) -> StepRecord | Served:
         """Send a step's request `repeats` times (timed), plus once untimed for the determinism re-send, and
-        build its record from the sends and the meters' window over them."""
+        build its record from the sends, the meters' window over them and the level they left behind."""
         timed = self.run.repeats
         total = timed + (1 if determinism_resend and timed == 1 else 0)
         got = self._sends(sender, meters, step, total, label=repeat_label(total))
         if isinstance(got, str):  # discarded: a resume sends it again
             return skipped(step, self.flags.role, got)
         sends, peaks = got
+        floor_after = self.settle(meters)
         refs = self.ctx.matrix.fixtures[step.fixture].references[: step.references]
         request = {"dialect": self.profile.dialect, "path": self._request(step).path, "steps": self.run.steps,
                    "size": list(self.run.size) if self.run.size else None, "seed": step.seed,
                    "sends": len(sends.sends), "references": [self.refs.digest(p) for p in refs]}
-        return step_record(step, self.flags.role, attempt, sends, timed, peaks, request)
+        work = step_record(step, self.flags.role, attempt, sends, timed, peaks, request)
+        floors = {"floor_before": floor_before, "floor_after": floor_after}
+        if isinstance(work, Served):
+            return replace(work, record=work.record.model_copy(update=floors))
+        return work.model_copy(update=floors)
+
+    def settle(self, meters: list[Meter]) -> tuple[Level, ...]:
+        """Wait the quiet window (a stop cuts it short) and read each device meter's level in it: what the
+        server holds between requests."""
+        if self.run.quiet_s <= 0:
+            return ()
+        t0 = time.time()
+        self.ctx.stop.wait(self.run.quiet_s)
+        t1 = time.time()
+        return tuple(m.window_floor(t0, t1) for m in meters if m.metric == MemoryMetric.DEVICE)
 
     def top_up(self, sender: Sender, meters: list[Meter], topup: policy.TopUp) -> StepRecord:
         """`repeats = "auto"`: send a recorded, served step's request `topup.sends` more times, timed, and
@@ -317,9 +334,12 @@ class SessionRunner:
                             outcome = policy.Started(server.open())
                         case policy.Send(step=step, determinism_resend=resend):
                             assert server is not None
+                            if server.floor is None:  # after the load: the level before the first request
+                                server.floor = self.settle(server.meters)
                             work = self.execute(self.sender(client, server.server), server.meters, step, server.attempt,
-                                                resend)
+                                                resend, server.floor)
                             record = work.record if isinstance(work, Served) else work
+                            server.floor = record.floor_after if record.status != Status.SKIPPED else None
                             lost = record.lost or server.server.exited() is not None
                             if lost:
                                 log.notes.append(f"server lost during {step.key} "
@@ -337,6 +357,7 @@ class SessionRunner:
                             if lost:
                                 log.notes.append(f"server lost during a top-up of {topup.key} "
                                                  f"({record.failure.kind if record.failure else 'exit'})")
+                            server.floor = None  # read again before the next request
                             self._topped_up.add(record.key)
                             self._submit(record)
                             server.checkpoint()
@@ -385,6 +406,7 @@ class _Server:
         self.t_start = self.t_ready = time.time()
         self.ready_s: float | None = None
         self.failure: Failure | None = None
+        self.floor: tuple[Level, ...] | None = None  # the level the last request left (None: read it again)
         self.flushed = 0.0
         self.closed = False
 
