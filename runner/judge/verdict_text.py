@@ -16,7 +16,7 @@ from runner.observe.failures import without_stamp
 
 if TYPE_CHECKING:
     from runner.judge.decision import Blocked, Cell, Decision, Verdict
-    from runner.judge.findings.models import Functional, MemoryModel, OomFacts
+    from runner.judge.findings.models import CachedSpeed, Functional, MemoryModel, OomFacts, Retention
     from runner.plan.matrix import VerdictRules
 
 SUMMARY_LIMIT = 300
@@ -310,6 +310,10 @@ def findings_lines(v: Verdict) -> list[str]:
         lines += sites
     elif sites:
         lines += ["", "OOM sites that stopped its other default and offload flag sets:", *sites]
+    kept = [line for x, m in f.flag_sets.items() if (line := retention_sentence(x, m.retention, m.speed))]
+    if kept:
+        lines += ["", "What a request leaves behind (the level after each request against the level after the "
+                      "load) and whether cached references are faster:", *(f"- {line}" for line in kept)]
     held = [(x, f.flag_sets[x].memory) for x in order if f.flag_sets[x].memory.held or f.flag_sets[x].memory.no_held]
     if held:
         lines += ["", "What held the memory (allocator snapshots of the diagnosis pass, not a measurement):"]
@@ -326,6 +330,46 @@ def findings_lines(v: Verdict) -> list[str]:
         verdict = "fragmentation was part of the problem" if a_ru > b_ru else "fragmentation was not the problem"
         lines.append(f"- Allocator settings only: '{md(fr.b)}' against '{md(fr.a)}' {moved} ({verdict}){tail}.")
     return lines
+
+
+BOUND_WORDS = {"exact": "exact: the server's own live-tensor figure",
+               "upper-bound": "an upper bound: a whole-device figure, the allocator's cache included"}
+
+
+def retention_sentence(flags: str, r: Retention | None, speed: CachedSpeed | None) -> str | None:
+    """One flag set's retention and cached-vs-cold speed in a sentence; None when neither was read."""
+    if r is None and (speed is None or not speed.pairs):
+        return None
+    parts = []
+    if r is not None:
+        src = f"{md(r.source)}, {BOUND_WORDS[r.bound]}; {r.points} request(s), {r.quiet_s:.2f} s quiet window"
+        if r.kind == "freed":
+            parts.append(f"freed at request end: the level after each request is within {size(r.tolerance_bytes)} "
+                         f"of the load level {size(r.load_bytes)} ({src})")
+        elif r.kind in ("per-reference", "per-request"):
+            what = "distinct reference sent" if r.kind == "per-reference" else "request sent, whatever it carries"
+            fills = "" if r.fills_card_at is None else (
+                f"; what it keeps alone would fill the card at {r.fills_card_at} "
+                + ("distinct references" if r.kind == "per-reference" else "requests"))
+            tie = ("; every request here carried all references sent before it, so this also reads as the last "
+                   "request's references kept until the next one" if r.last_request_too else "")
+            parts.append(f"keeps {size(r.per_bytes)} per {what} ({src}; worst residual {size(r.residual_bytes)}, "
+                         f"load level {size(r.load_bytes)}, {size(r.last_floor_bytes)} after the last){fills}{tie}")
+        else:
+            above = "" if r.last_floor_bytes is None or r.load_bytes is None else \
+                f"; {size(r.last_floor_bytes - r.load_bytes)} above the load level after the last request"
+            parts.append(f"cannot tell what stays after a request: {md(r.why or 'no reading')} ({src}{above})")
+    if speed is not None and speed.pairs and speed.ratio is not None:
+        figures = f"cold {fmt_s(speed.cold_s)} s, cached {fmt_s(speed.cached_s)} s, {speed.pairs} reference count(s)"
+        if speed.faster:
+            parts.append(f"a request whose references were all sent before runs {speed.ratio:.2f}× faster ({figures})")
+        elif speed.slower:
+            parts.append(f"a request whose references were all sent before runs slower ({figures})")
+        else:
+            reuse = ": nothing is reused across requests" if r is not None and r.kind == "freed" else ""
+            parts.append(f"a request whose references were all sent before is no faster ({figures}, "
+                         f"ratio {speed.ratio:.2f}){reuse}")
+    return f"'{md(flags)}': " + "; ".join(parts) + "."
 
 
 def _at_site(site: str, function: str | None) -> str:

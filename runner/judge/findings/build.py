@@ -10,6 +10,7 @@ from runner.core.records import FailureClass, SessionRecord, Status, StepRecord
 from runner.judge.findings.held import Reading, with_held
 from runner.judge.findings.memory import memory_model
 from runner.judge.findings.models import ContributionSite, Findings, FlagSetFindings, Fragmentation, Functional
+from runner.judge.findings.retention import cached_speed, retention
 from runner.observe.failures import server_lines, without_stamp
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
@@ -91,14 +92,20 @@ def fragmentation(models: Mapping[str, FlagSetFindings], pairs: Iterable[tuple[s
     return tuple(out)
 
 
+def _flag_set(steps: Sequence[StepRecord], session: SessionRecord | None, role: str, target: int,
+              capacity_bytes: int | None, held: tuple[Reading, ...]) -> FlagSetFindings:
+    memory = with_held(memory_model(steps, session, target, capacity_bytes), held, capacity_bytes)
+    return FlagSetFindings(role=role, memory=memory, speed=cached_speed(steps),
+                           retention=retention(steps, memory.capacity_bytes or capacity_bytes))
+
+
 def card_findings(steps: Sequence[StepRecord], sessions: Sequence[SessionRecord], roles: Mapping[str, str],
                   target: int, offload_roles: tuple[str, ...], capacity_bytes: int | None,
                   stops: Mapping[str, str], allocator: Iterable[tuple[str, str]] = (),
                   min_psnr_db: float = 0.0, held: Mapping[str, tuple[Reading, ...]] | None = None) -> Findings:
     session_of = {s.flags: s for s in sessions}
-    models = {f: FlagSetFindings(role=role, memory=with_held(memory_model([s for s in steps if s.flags == f],
-                                                                          session_of.get(f), target, capacity_bytes),
-                                                             (held or {}).get(f, ()), capacity_bytes))
+    models = {f: _flag_set([s for s in steps if s.flags == f], session_of.get(f), role, target, capacity_bytes,
+                           (held or {}).get(f, ()))
               for f, role in roles.items()}
     counted = [f for f, r in roles.items() if (r == "default" or r in offload_roles) and stops.get(f) == "capacity"]
     no_site = tuple(m.memory.oom.record for f, m in models.items()

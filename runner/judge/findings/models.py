@@ -159,9 +159,53 @@ class MemoryModel(Record):
     no_held: NoHeld | None = Field(default=None, description="why there is no held-memory reading")
 
 
+class Retention(Record):
+    """What a request leaves behind (runner/judge/findings/retention.py): the levels after one server start's
+    requests, in order, against the level after its load."""
+
+    kind: Literal["freed", "per-reference", "per-request", "cannot-tell"] = Field(
+        description="freed: every level back at the load's, within the tolerance; per-reference: it grows by "
+                    "`per_bytes` with each distinct reference sent (a cross-request cache); per-request: with each "
+                    "request sent (a leak); cannot-tell: `why`")
+    source: str = Field(description="the meter whose levels these are")
+    bound: Literal["exact", "upper-bound"] = Field(description="exact: the server's own live-tensor figure; "
+                                                               "upper-bound: a whole-device source")
+    attempt: int = Field(ge=0, description="the server start read (the one that sent the most requests)")
+    quiet_s: float = Field(ge=0, description="the quiet window each level was read in, seconds")
+    load_bytes: int | None = Field(default=None, description="the level after the load, before any request")
+    last_floor_bytes: int | None = Field(default=None, description="the level after the last request read")
+    tolerance_bytes: int = Field(ge=0, description="a level within this of the load's is 'back at it': the larger "
+                                                   "of 256 KiB and 1 % of the load level")
+    points: int = Field(ge=0, description="requests with a level after them")
+    per_bytes: int | None = Field(default=None, description="kept per distinct reference, or per request")
+    residual_bytes: int | None = Field(default=None, description="the line's worst residual")
+    fills_card_at: int | None = Field(default=None, description="distinct references (or requests) at which what "
+                                                                "is kept alone would fill the card's capacity")
+    last_request_too: bool = Field(default=False, description="per-reference, where every request carried all "
+                                                              "references sent before it (the matrix's ascending "
+                                                              "order): also read as 'the last request's "
+                                                              "references are kept until the next one'")
+    why: str | None = None
+
+
+class CachedSpeed(Record):
+    """A request whose references were all sent before against the one that first brought one, per count."""
+
+    pairs: int = Field(ge=0, description="reference counts with a cold request and later ones")
+    cold_s: float | None = Field(default=None, description="median of the cold requests' first sends")
+    cached_s: float | None = Field(default=None, description="median over counts of the later sends' median")
+    ratio: float | None = Field(default=None, description="median over counts of cold / cached")
+    faster: bool = Field(default=False, description="cached faster in every pair by at least 15 %")
+    slower: bool = Field(default=False, description="cached slower in every pair by at least 15 %")
+    why: str | None = None
+
+
 class FlagSetFindings(Record):
     role: str
     memory: MemoryModel
+    retention: Retention | None = Field(default=None, description="what a request leaves behind (null: no "
+                                                                  "request has a level after it)")
+    speed: CachedSpeed | None = Field(default=None, description="cached against cold requests")
 
 
 class Functional(Record):

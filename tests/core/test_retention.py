@@ -1,0 +1,114 @@
+"""What a request leaves behind, and cached against cold, on records of simulated servers (the pure stage):
+a server that keeps R per distinct reference and is faster on a repeat, one that leaks L per request, one that
+frees everything; a whole-device source whose floor only follows the allocator's cache. The same shapes come
+from the real reference server in tests/e2e/test_retention_e2e.py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from runner.core.records import Level, Peak, SendTime, Status, StepRecord
+from runner.judge.findings.retention import cached_speed, retention
+from runner.judge.verdict_text import retention_sentence
+
+MIB = 2**20
+LOAD = 400 * MIB
+ORDER = [(1, 1), (1, 2), (2, 1), (2, 2), (3, 1), (3, 2), (4, 1), (4, 2)]  # the matrix's order: count, seed
+
+
+def level(source: str, value: int, bound: str = "exact") -> Level:
+    return Level(source=source, bytes=value, samples=6, window_s=0.3, bound=bound, available=True)  # type: ignore[arg-type]
+
+
+def session(floor: Callable[[int, int, int], int], wall: Callable[[int, bool], float], *, source: str = "server",
+            bound: str = "exact", peak: Callable[[int], int] | None = None, sends: int = 1) -> list[StepRecord]:
+    """The records of one start sending ORDER: `floor(distinct, sent, refs)` the level after each request,
+    `wall(refs, cached)` each send's seconds, `peak(refs)` the request's peak on the floor's source."""
+    out, seen, sent, before = [], set(), 0, LOAD
+    for i, (n, seed) in enumerate(ORDER):
+        refs = [f"ref{k}" for k in range(1, n + 1)]
+        cached = all(r in seen for r in refs)
+        seen.update(refs)
+        sent += sends
+        after = LOAD + floor(len(seen), sent, n)
+        times = tuple(SendTime(started_at=10.0 * i + k, wall_s=wall(n, cached or k > 0), timed=True)
+                      for k in range(sends))
+        peaks = () if peak is None else (Peak(source=source, metric="device", bytes=peak(n), samples=5,
+                                              rate_hz=20.0, available=True),)
+        out.append(StepRecord(key=f"c/f/refs-{n}/x-seed-{seed}", card="c", flags="f", role="default", fixture="x",
+                              references=n, seed=seed, status=Status.OK, started_at=10.0 * i, wall_s=times[0].wall_s,
+                              sends=times, request={"references": refs}, peaks=peaks,
+                              floor_before=(level(source, before, bound),), floor_after=(level(source, after, bound),)))
+        before = after
+    return out
+
+
+def test_a_cross_request_cache_is_read_per_distinct_reference_and_faster_cached() -> None:
+    r_bytes = 700 * MIB  # the seed's Diffusers keeps ~2.8 GiB per reference; a quarter of it here
+    steps = session(lambda d, s, n: d * r_bytes + (s % 3) * 64 * 1024,  # allocator rounding on top
+                    lambda n, cached: (1.0 + 0.5 * n) / (1.9 if cached else 1.0), sends=2)
+    r = retention(steps, capacity_bytes=24 * 2**30)
+    assert r is not None and r.kind == "per-reference", r
+    assert r.per_bytes == pytest.approx(r_bytes, rel=0.1) and r.bound == "exact" and r.points == 8
+    assert r.fills_card_at == (24 * 2**30 - LOAD) // r.per_bytes  # 34 distinct references
+    assert r.last_request_too  # ascending order: the last request carried every reference seen
+    speed = cached_speed(steps)
+    assert speed is not None and speed.faster and speed.ratio == pytest.approx(1.9, rel=0.1), speed
+    line = retention_sentence("retain", r, speed)
+    assert line is not None and "keeps 700.02 MiB per distinct reference sent" in line
+    assert "runs 1.90× faster" in line and "would fill the card at 34 distinct references" in line
+
+
+def test_a_leak_is_read_per_request_whatever_it_carries() -> None:
+    leak = 48 * MIB
+    steps = session(lambda d, s, n: s * leak, lambda n, cached: 1.0 + 0.5 * n)
+    r = retention(steps, capacity_bytes=24 * 2**30)
+    assert r is not None and r.kind == "per-request" and r.per_bytes == pytest.approx(leak, rel=0.1), r
+    speed = cached_speed(steps)
+    assert speed is not None and not speed.faster and speed.ratio == pytest.approx(1.0, abs=0.01)
+    line = retention_sentence("leaky", r, speed)
+    assert line is not None and "keeps 48.00 MiB per request sent, whatever it carries" in line
+    assert "nothing is reused" not in line  # said only where everything is freed
+
+
+def test_a_server_that_frees_everything_says_so_and_no_faster() -> None:
+    steps = session(lambda d, s, n: (s % 2) * 100 * 1024, lambda n, cached: 1.0 + 0.5 * n)
+    r = retention(steps, capacity_bytes=None)
+    assert r is not None and r.kind == "freed" and r.load_bytes == LOAD, r
+    line = retention_sentence("default", r, cached_speed(steps))
+    assert line is not None and line.startswith("'default': freed at request end")
+    assert "no faster" in line and "nothing is reused across requests" in line
+
+
+def test_a_whole_device_floor_that_follows_the_largest_request_is_an_upper_bound_not_retention() -> None:
+    # NVML after requests of 1..4 references: the allocator keeps the largest request's blocks reserved
+    peak = (lambda n: LOAD + n * 300 * MIB)
+    steps = session(lambda d, s, n: n * 300 * MIB, lambda n, cached: 1.0, source="nvml", bound="upper-bound",
+                    peak=peak)
+    r = retention(steps, capacity_bytes=24 * 2**30)
+    assert r is not None and r.kind == "cannot-tell" and r.bound == "upper-bound", r
+    assert r.why is not None and "largest request so far" in r.why
+    line = retention_sentence("default", r, None)
+    assert line is not None and "an upper bound" in line and "1.17 GiB above the load level" in line
+
+
+def test_a_whole_device_floor_that_grows_on_repeats_is_retention() -> None:
+    leak = 96 * MIB
+    steps = session(lambda d, s, n: s * leak, lambda n, cached: 1.0, source="nvml", bound="upper-bound",
+                    peak=lambda n: LOAD + 10 * 2**30)
+    r = retention(steps, capacity_bytes=None)
+    assert r is not None and r.kind == "per-request" and r.bound == "upper-bound"
+
+
+def test_one_request_cannot_tell() -> None:
+    steps = session(lambda d, s, n: 0, lambda n, cached: 1.0)[:1]
+    r = retention(steps, capacity_bytes=None)
+    assert r is not None and r.kind == "cannot-tell" and r.why is not None and "2 are needed" in r.why
+
+
+def test_no_floor_no_finding() -> None:
+    steps = [s.model_copy(update={"floor_before": (), "floor_after": ()})
+             for s in session(lambda d, s, n: 0, lambda n, cached: 1.0)]
+    assert retention(steps, capacity_bytes=None) is None
