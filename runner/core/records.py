@@ -87,7 +87,7 @@ class OomReport(Record):
 # 5: session served_model (a default: a record of 4 reads with none); server_stage_durations_s in seconds for
 #    every key (4 kept vLLM-Omni 0.30's `*_ms` keys as their milliseconds: they become seconds, suffix dropped);
 #    diagnosis trace, trace_peak_bytes, trace_device (defaults: a record of 4 reads with none)
-# 6: step floor_before, floor_after (defaults: a record of 5 reads with no floors)
+# 6: step floor_before, floor_after; session retention_probe (defaults: a record of 5 reads with none)
 SCHEMA_VERSION = 6
 
 
@@ -326,6 +326,21 @@ class ServedModel(Record):
                                                        "(what to set), or why /v1/models gave no list")
 
 
+class RetentionProbe(Record):
+    """After a session's last step, its first request sent once more (untimed, never a sample or a peak), where
+    the levels grew with every new reference and every request carried all the references before it: does the
+    level stay (a cache of every distinct reference) or fall back (the last request's references, kept until the
+    next)? runner/judge/findings/retention.py reads it."""
+
+    key: str = Field(description="the step whose request was sent again")
+    references: int = Field(ge=0)
+    attempt: int = Field(ge=0, description="the server start it was sent to")
+    started_at: float = Field(allow_inf_nan=False)
+    wall_s: float = Field(ge=0, allow_inf_nan=False)
+    served: bool = Field(description="it came back with an image")
+    floor_after: tuple[Level, ...] = ()
+
+
 class SessionRecord(Record):
     """<card>/<flags>/session.json"""
 
@@ -346,6 +361,9 @@ class SessionRecord(Record):
     served_model: ServedModel | None = Field(default=None, description="the server's /v1/models against the model "
                                                                        "sent, at its last start that got ready; "
                                                                        "null: no start got ready")
+    retention_probe: RetentionProbe | None = Field(default=None, description="the first request sent again after "
+                                                   "the last step, where what stays could not be told apart "
+                                                   "(schema version 6; older records have none)")
     schema_version: int = Field(default=SCHEMA_VERSION, ge=1)
 
     @property

@@ -346,13 +346,21 @@ def retention_sentence(flags: str, r: Retention | None, speed: CachedSpeed | Non
         if r.kind == "freed":
             parts.append(f"freed at request end: the level after each request is within {size(r.tolerance_bytes)} "
                          f"of the load level {size(r.load_bytes)} ({src})")
+        elif r.kind == "until-next-request":
+            parts.append(f"keeps {size(r.per_bytes)} per reference of the last request until the next one ({src}; "
+                         f"worst residual {size(r.residual_bytes)}, load level {size(r.load_bytes)}, "
+                         f"{size(r.last_floor_bytes)} after the last): sent again after the last, the "
+                         f"{refs_text(r.probe_references)} request left {size(r.probe_floor_bytes)}")
         elif r.kind in ("per-reference", "per-request"):
             what = "distinct reference sent" if r.kind == "per-reference" else "request sent, whatever it carries"
             fills = "" if r.fills_card_at is None else (
                 f"; what it keeps alone would fill the card at {r.fills_card_at} "
                 + ("distinct references" if r.kind == "per-reference" else "requests"))
             tie = ("; every request here carried all references sent before it, so this also reads as the last "
-                   "request's references kept until the next one" if r.last_request_too else "")
+                   "request's references kept until the next one" if r.last_request_too else
+                   f"; sent again after the last, the {refs_text(r.probe_references)} request left "
+                   f"{size(r.probe_floor_bytes)}: every distinct reference stays" if r.probe_floor_bytes is not None
+                   else "")
             parts.append(f"keeps {size(r.per_bytes)} per {what} ({src}; worst residual {size(r.residual_bytes)}, "
                          f"load level {size(r.load_bytes)}, {size(r.last_floor_bytes)} after the last){fills}{tie}")
         else:

@@ -1,8 +1,10 @@
 """Server-reported device memory, scraped from the server's own /metrics.
 
-Two gauges are known, and they mean different things:
-- `refserver_device_memory_bytes` (the reference server): device memory in use *now*; polled, and a
-  window's peak is the largest sample in it.
+Two kinds of gauge are known, and they mean different things:
+- `refserver_device_memory_bytes` (the reference server) and `runner_card_allocated_bytes` (the accounted card of
+  the vLLM-Omni test stand, stand/): device memory in use *now*; polled, and a window's peak is the largest
+  sample in it, a quiet window's least sample the level between requests. Where a page has one of these and
+  vLLM-Omni's peak gauge too (the stand), the current figure is read.
 - `vllm_omni:peak_memory_mb{model_name,stage}` (vLLM-Omni 0.30, exported with `--log-stats`): the *last
   finished request's* peak per stage, in MiB of PyTorch's reserved memory, set only when a request produced
   output. Polling it during a request shows the previous request's figure, so a window's peak is read once,
@@ -26,7 +28,7 @@ from runner.observe import bounded
 from runner.observe.reading import to_bytes
 from runner.plan.matrix import Card
 
-DEVICE_GAUGES = ("refserver_device_memory_bytes",)
+DEVICE_GAUGES = ("refserver_device_memory_bytes", "runner_card_allocated_bytes")
 PEAK_GAUGES = ("vllm_omni:peak_memory_mb",)  # MiB per stage, last request's reserved peak
 
 
@@ -44,8 +46,9 @@ def read_page(text: str) -> tuple[str, int | None] | None:
     ("last-peak", None) when vLLM-Omni's is declared without a sample yet, None when the page has neither; a
     value that is no memory figure (NaN, negative, beyond any memory) raises BadReading. One parse."""
     found = _families(text, DEVICE_GAUGES + PEAK_GAUGES)
-    if values := found.get(DEVICE_GAUGES[0]):
-        return "current", to_bytes(_largest(values), DEVICE_GAUGES[0])
+    for name in DEVICE_GAUGES:
+        if values := found.get(name):
+            return "current", to_bytes(_largest(values), name)
     if PEAK_GAUGES[0] in found:
         values = found[PEAK_GAUGES[0]]
         return "last-peak", to_bytes(_largest(values), f"{PEAK_GAUGES[0]} (MiB)", MIB) if values else None

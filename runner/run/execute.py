@@ -30,6 +30,7 @@ from runner.core.records import (
     FailureClass,
     Level,
     Peak,
+    RetentionProbe,
     ServedModel,
     ServerStart,
     SessionRecord,
@@ -40,6 +41,7 @@ from runner.core.registry import BACKENDS, DIALECTS, METERS, load
 from runner.core.units import slug
 from runner.core.vocab import MemoryMetric
 from runner.judge import scoring, verdict
+from runner.judge.findings.retention import probe_step
 from runner.meters import Meter, build_meters, idle_baseline
 from runner.observe import bounded
 from runner.observe.failures import error_lines, without_addresses, without_stamp
@@ -280,6 +282,26 @@ class SessionRunner:
                 repeat_psnr = scoring.score(scoring.decode(sends.different), scoring.decode(png), None).psnr_db
         return topped_up(old, sends, peaks, repeat_psnr)
 
+    def retention_probe(self, client: httpx.Client, server: _Server) -> RetentionProbe | None:
+        """Where the session's levels cannot tell a cache of every distinct reference from the last request's
+        references kept until the next, send its first request once more (untimed: never a sample or a peak) and
+        read the level after it. None where the records already tell, or the send was interrupted."""
+        self.drain()  # the decision reads this session's records
+        mine = [r for r in self.ctx.recorded(self.card.name) if r.flags == self.flags.name]
+        first = probe_step(mine, None)
+        if first is None or self.run.quiet_s <= 0:
+            return None
+        step = Step(first.card, first.flags, first.fixture, first.references, first.seed)
+        sender = self.sender(client, server.server)
+        try:
+            sends = sender.repeats(self._request(step), step.references, 1, label=lambda i: "the retention probe")
+        except Abandoned:
+            return None
+        return RetentionProbe(key=first.key, references=first.references, attempt=server.attempt,
+                              started_at=sends.t0, wall_s=sends.sends[0].wall_s,
+                              served=sends.failure is None and sends.first is not None,
+                              floor_after=self.settle(server.meters))
+
     def score(self, served: Served) -> tuple[StepRecord, bytes | None]:
         """Decode, PSNR/SSIM against the baseline and the sanity checks (off the request path). Returns the
         record and the PNG to keep beside it (none when the image does not decode: a bad response)."""
@@ -369,6 +391,8 @@ class SessionRunner:
                                 log.notes.append(reason)
                             outcome = policy.Skipped()
                         case policy.Finish():
+                            if server is not None and server.server.exited() is None and not self.ctx.stop.is_set():
+                                log.probe = self.retention_probe(client, server) or log.probe
                             break
         finally:
             if server is not None:
@@ -388,7 +412,7 @@ class SessionRunner:
                                role=self.flags.role, backend=self.card.backend, starts=log.all_starts(),
                                session_peaks=max_by_source(log.all_peaks()), meters=tuple(log.meters),
                                idle_baseline=log.idle, log="server.log", notes=tuple(log.notes),
-                               served_model=log.served_model)
+                               served_model=log.served_model, retention_probe=log.probe)
         self.ctx.store.write_session(record)
         return record
 
@@ -512,6 +536,7 @@ class _SessionLog:
     current: ServerStart | None = None  # the start running now
     current_peaks: list[Peak] = field(default_factory=list)
     served_model: ServedModel | None = None  # /v1/models at the last start that got ready
+    probe: RetentionProbe | None = None  # the first request sent again after the last step
 
     def all_starts(self) -> tuple[ServerStart, ...]:
         return (*self.starts, *([self.current] if self.current else []))
@@ -526,7 +551,7 @@ class _SessionLog:
         why = (f"restarted for {topup_sends} top-up send(s) on an open latency ratio (repeats = auto)"
                if topup_sends and not pending else f"resumed with {pending} step(s) to do")
         return cls(list(prior.starts), list(prior.session_peaks), list(prior.meters), [*prior.notes, why],
-                   dict(prior.idle_baseline), served_model=prior.served_model)
+                   dict(prior.idle_baseline), served_model=prior.served_model, probe=prior.retention_probe)
 
 
 class _MemoryTicker:

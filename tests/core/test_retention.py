@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
-from runner.core.records import Level, Peak, SendTime, Status, StepRecord
-from runner.judge.findings.retention import cached_speed, retention
+from runner.core.records import Level, Peak, RetentionProbe, SendTime, Status, StepRecord
+from runner.judge.findings.retention import cached_speed, probe_step, retention
 from runner.judge.verdict_text import retention_sentence
 
 MIB = 2**20
@@ -112,3 +112,34 @@ def test_no_floor_no_finding() -> None:
     steps = [s.model_copy(update={"floor_before": (), "floor_after": ()})
              for s in session(lambda d, s, n: 0, lambda n, cached: 1.0)]
     assert retention(steps, capacity_bytes=None) is None
+
+
+def probe_after(steps: list[StepRecord], level_after: int) -> RetentionProbe:
+    return RetentionProbe(key=steps[0].key, references=1, attempt=0, started_at=100.0, wall_s=1.0, served=True,
+                          floor_after=(level("server", LOAD + level_after),))
+
+
+def test_the_probe_tells_the_last_requests_references_from_a_cache_of_every_reference() -> None:
+    # vLLM-Omni 0.30.0 on the stand: each reference of the last request stays until the next (12.3 MiB each)
+    per = 12 * MIB
+    steps = session(lambda d, s, n: n * per, lambda n, cached: 1.0)
+    assert probe_step(steps, None) is steps[0]  # ascending order: the records cannot tell, so ask
+    r = retention(steps, None, probe_after(steps, per + 300 * 1024))
+    assert r is not None and r.kind == "until-next-request" and not r.last_request_too, r
+    assert r.fills_card_at is None and r.probe_floor_bytes == LOAD + per + 300 * 1024
+    line = retention_sentence("default", r, None)
+    assert line is not None and "per reference of the last request until the next one" in line
+    assert "the 1 ref request left 412.29 MiB" in line
+    # a cache of every distinct reference: the level stays where the last request left it
+    kept = retention(steps, 64 * 2**30, probe_after(steps, 4 * per))
+    assert kept is not None and kept.kind == "per-reference" and not kept.last_request_too
+    assert kept.fills_card_at is not None
+    # a probe that lands between the two says nothing
+    unsure = retention(steps, None, probe_after(steps, 2 * per + per // 2))
+    assert unsure is not None and unsure.kind == "per-reference" and unsure.last_request_too
+
+
+def test_no_probe_where_the_records_already_tell() -> None:
+    freed = session(lambda d, s, n: 0, lambda n, cached: 1.0)
+    leak = session(lambda d, s, n: s * 48 * MIB, lambda n, cached: 1.0)
+    assert probe_step(freed, None) is None and probe_step(leak, None) is None

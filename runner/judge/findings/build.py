@@ -95,8 +95,9 @@ def fragmentation(models: Mapping[str, FlagSetFindings], pairs: Iterable[tuple[s
 def _flag_set(steps: Sequence[StepRecord], session: SessionRecord | None, role: str, target: int,
               capacity_bytes: int | None, held: tuple[Reading, ...]) -> FlagSetFindings:
     memory = with_held(memory_model(steps, session, target, capacity_bytes), held, capacity_bytes)
+    probe = session.retention_probe if session is not None else None
     return FlagSetFindings(role=role, memory=memory, speed=cached_speed(steps),
-                           retention=retention(steps, memory.capacity_bytes or capacity_bytes))
+                           retention=retention(steps, memory.capacity_bytes or capacity_bytes, probe))
 
 
 def card_findings(steps: Sequence[StepRecord], sessions: Sequence[SessionRecord], roles: Mapping[str, str],

@@ -163,10 +163,11 @@ class Retention(Record):
     """What a request leaves behind (runner/judge/findings/retention.py): the levels after one server start's
     requests, in order, against the level after its load."""
 
-    kind: Literal["freed", "per-reference", "per-request", "cannot-tell"] = Field(
+    kind: Literal["freed", "per-reference", "until-next-request", "per-request", "cannot-tell"] = Field(
         description="freed: every level back at the load's, within the tolerance; per-reference: it grows by "
-                    "`per_bytes` with each distinct reference sent (a cross-request cache); per-request: with each "
-                    "request sent (a leak); cannot-tell: `why`")
+                    "`per_bytes` with each distinct reference sent (a cross-request cache); until-next-request: "
+                    "`per_bytes` per reference of the last request, kept until the next one (the retention probe "
+                    "fell back); per-request: with each request sent (a leak); cannot-tell: `why`")
     source: str = Field(description="the meter whose levels these are")
     bound: Literal["exact", "upper-bound"] = Field(description="exact: the server's own live-tensor figure; "
                                                                "upper-bound: a whole-device source")
@@ -185,6 +186,9 @@ class Retention(Record):
                                                               "references sent before it (the matrix's ascending "
                                                               "order): also read as 'the last request's "
                                                               "references are kept until the next one'")
+    probe_floor_bytes: int | None = Field(default=None, description="the level after the retention probe (the "
+                                                                    "first request sent again after the last)")
+    probe_references: int | None = Field(default=None, description="the probe's reference count")
     why: str | None = None
 
 

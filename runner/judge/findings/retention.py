@@ -7,6 +7,8 @@ What stays, one of:
 - per reference: the floor grows by R with each distinct reference sent (a cross-request cache). In the matrix's
   order (counts ascending) the references seen so far are also the last request's, so this reads as well "the
   last request's references are kept until the next one" — said where the records cannot tell them apart;
+- until the next request: per reference of the last request, told from "per reference" by the retention probe
+  (the session's first request sent once more after its last: the level falls back to that request's);
 - per request: the floor grows with every request sent, whatever it carries (a leak);
 - cannot tell: too few floors, none from a device source, or (a whole-device source only) growth that the
   allocator's cache explains: PyTorch keeps freed blocks reserved, so after requests of 1…4 references a whole-
@@ -21,7 +23,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from runner.core.records import Level, Status, StepRecord
+from runner.core.records import Level, RetentionProbe, Status, StepRecord
 from runner.judge.findings.models import CachedSpeed, Retention
 
 MIN_TOLERANCE = 256 * 1024  # bytes: below this a floor's change is the allocator's rounding, not a kept tensor
@@ -36,6 +38,7 @@ class _Point:
     floor: int  # the level after it
     peak_so_far: int | None  # the source's highest request peak so far (whole-device sources)
     repeat: bool  # every reference it carried was sent before
+    refs: int  # the references it carried
 
 
 def _level(levels: tuple[Level, ...], source: str) -> int | None:
@@ -67,8 +70,10 @@ def _slope(points: Sequence[_Point], x: str) -> tuple[float, float]:
     return slope, max(abs(b - slope * a) for a, b in zip(xs, ys, strict=True))
 
 
-def retention(steps: Sequence[StepRecord], capacity_bytes: int | None) -> Retention | None:
-    """What stays after a request, from the floors of one start's requests (None: no step has a floor)."""
+def retention(steps: Sequence[StepRecord], capacity_bytes: int | None,
+              probe: RetentionProbe | None = None) -> Retention | None:
+    """What stays after a request, from the floors of one start's requests and the retention probe sent after
+    them (None: no step has a floor)."""
     start = _start(steps)
     chosen = _source(start)
     if chosen is None:
@@ -93,7 +98,7 @@ def retention(steps: Sequence[StepRecord], capacity_bytes: int | None) -> Retent
         top = peak if top is None or (peak is not None and peak > top) else top
         floor = _level(s.floor_after, src)
         if floor is not None:
-            points.append(_Point(len(seen), sent, floor - load, top, repeat))
+            points.append(_Point(len(seen), sent, floor - load, top, repeat, len(refs)))
     common |= {"load_bytes": load, "tolerance_bytes": tol, "points": len(points)}
     if len(points) < 2:
         return Retention(kind="cannot-tell", why=f"{len(points)} request(s) with a level after them from {src}; "
@@ -113,10 +118,51 @@ def retention(steps: Sequence[StepRecord], capacity_bytes: int | None) -> Retent
                          why="the floors follow neither a line per distinct reference nor one per request "
                              f"(worst residual {int(residual)} bytes)", **common)
     kind = "per-reference" if x == "distinct" else "per-request"
+    tie = kind == "per-reference" and _distinct_is_last(start)
     room = (capacity_bytes - load) if capacity_bytes is not None else None
-    return Retention(kind=kind, per_bytes=int(slope), residual_bytes=int(residual),
-                     fills_card_at=int(room // slope) if room is not None and room > 0 else None,
-                     last_request_too=kind == "per-reference" and _distinct_is_last(start), **common)
+    fills = int(room // slope) if room is not None and room > 0 else None
+    own = next((p.floor for p in points if probe is not None and p.refs == probe.references), None)
+    told = _probed(probe, start[0].attempt, src, load, own, last) if tie else None
+    if told is not None:
+        kind, probe_floor = told
+        common |= {"probe_floor_bytes": load + probe_floor, "probe_references": probe.references if probe else None}
+        tie = False
+        fills = None if kind == "until-next-request" else fills
+    return Retention(kind=kind, per_bytes=int(slope), residual_bytes=int(residual), fills_card_at=fills,
+                     last_request_too=tie, **common)
+
+
+def _probed(probe: RetentionProbe | None, attempt: int, src: str, load: int, own: int | None, last: int
+            ) -> tuple[str, int] | None:
+    """What the probe's level says: back near the level its own request left the first time (the last request's
+    references were kept until the next), or near the last level (every distinct reference stays): the nearer
+    of the two, where it is within a quarter of the gap between them; None: it cannot say."""
+    if probe is None or not probe.served or probe.attempt != attempt or own is None:
+        return None
+    floor = _level(probe.floor_after, src)
+    if floor is None:
+        return None
+    y = floor - load
+    gap = abs(last - own)
+    if abs(y - own) <= gap / 4:
+        return "until-next-request", y
+    if abs(y - last) <= gap / 4:
+        return "per-reference", y
+    return None
+
+
+def probe_step(steps: Sequence[StepRecord], capacity_bytes: int | None) -> StepRecord | None:
+    """The step to send again after a session's last (the first it served, at the fewest references), where the
+    levels read per distinct reference and every request carried all the references before it: only a request
+    with fewer references after them tells "every distinct reference stays" from "the last request's stay until
+    the next". None where the records already tell (or cannot say anything)."""
+    r = retention(steps, capacity_bytes)
+    if r is None or r.kind != "per-reference" or not r.last_request_too:
+        return None
+    start = [s for s in _start(steps) if s.status == Status.OK and s.references > 0]
+    first = min(start, key=lambda s: (s.references, s.started_at or 0.0), default=None)
+    top = max((s.references for s in start), default=0)
+    return first if first is not None and first.references < top else None
 
 
 def _cache_explains(points: Sequence[_Point], load: int, tol: int) -> bool:

@@ -16,6 +16,11 @@ What it cannot tell apart. Offload moves tensors between the device and the host
 CPU, the offloader's move check (`p.data.device != target_device`) never moves a tensor, so `--enable-cpu-offload`
 and layerwise offload leave the figure unchanged.
 
+What it exports. `runner_card_allocated_bytes`, a gauge on the server's own /metrics (vLLM's default Prometheus
+registry, which its /metrics serves in one process): the live bytes now, read at each scrape. A GPU has no such
+figure outside the process (NVML counts the allocator's cache too); here it is what the runner's server meter reads
+as an exact level between requests, as it reads the reference server's `refserver_device_memory_bytes`.
+
 Past the capacity the op that asked raises torch.OutOfMemoryError with PyTorch's own text, inside vLLM-Omni's code,
 so the server fails the request (or its start) through its own paths. Each raise is also logged with the op, the
 thread and the innermost vLLM-Omni frame: some callers swallow the exception (safetensors while it loads weights).
@@ -111,3 +116,14 @@ class Accountant:
 
 
 ACCOUNTANT = Accountant()
+LIVE_GAUGE = "runner_card_allocated_bytes"
+
+
+def export_live_gauge() -> None:
+    """The card's live bytes on the server's /metrics, read at each scrape (once per process)."""
+    from prometheus_client import REGISTRY, Gauge
+
+    if not ACCOUNTANT.enabled or LIVE_GAUGE in getattr(REGISTRY, "_names_to_collectors", {}):
+        return
+    Gauge(LIVE_GAUGE, "the accounted card's live tensor bytes now (runner's test stand)").set_function(
+        ACCOUNTANT.live)

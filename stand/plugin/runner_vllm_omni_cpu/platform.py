@@ -11,7 +11,7 @@ from vllm.platforms import PlatformEnum
 from vllm.platforms.cpu import CpuPlatform
 from vllm_omni.platforms.interface import OmniPlatform, OmniPlatformEnum
 
-from runner_vllm_omni_cpu.card import ACCOUNTANT
+from runner_vllm_omni_cpu.card import ACCOUNTANT, export_live_gauge
 
 Device = torch.device | int | None
 
@@ -62,6 +62,7 @@ class CpuStandPlatform(OmniPlatform, CpuPlatform):
         # Called by the diffusion worker's init_device on the thread that then loads and warms up the model.
         ACCOUNTANT.cover_this_thread("set_device")
         _cover_worker_threads()
+        export_live_gauge()
 
     @classmethod
     def synchronize(cls) -> None:
