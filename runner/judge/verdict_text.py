@@ -316,7 +316,9 @@ def findings_lines(v: Verdict) -> list[str]:
                       "load) and whether cached references are faster:", *(f"- {line}" for line in kept)]
     held = [(x, f.flag_sets[x].memory) for x in order if f.flag_sets[x].memory.held or f.flag_sets[x].memory.no_held]
     if held:
-        lines += ["", "What held the memory (allocator snapshots of the diagnosis pass, not a measurement):"]
+        lines += ["", "What held the memory (allocator snapshots of the diagnosis pass, not a measurement):"
+                  if any(m.held for _, m in held) else "What held the memory (the diagnosis pass read no allocator "
+                  "snapshot):"]
         lines += [f"- {line}" for line in held_lines(held)]
     if f.fragmentation:
         lines.append("")

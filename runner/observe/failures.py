@@ -228,8 +228,10 @@ def classify_request(*, http_status: int | None, body: str, log_window: str, tim
     if http_status >= 400:
         if body_oom or log_oom:
             where = "response body" if body_oom else "server log during the request"
+            said = body_message(body) if body_oom else None  # its words, not the JSON they came in
+            evidence = ((said,) if said and OOM_PATTERN.search(said) else body_oom) if body_oom else log_oom
             return Failure(kind=FailureClass.OOM, message=f"HTTP {http_status}; out-of-memory text in the {where}",
-                           evidence=body_oom or log_oom, http_status=http_status,
+                           evidence=evidence, http_status=http_status,
                            oom=read_oom(body=body, log=log_window, own=own))
         said = body_message(body)  # the server's words about why, before any log line
         head = (f"HTTP {http_status}: {said}",) if said else ()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from runner.core.records import FailureClass
-from runner.observe.failures import classify_request, classify_start, error_lines
+from runner.observe.failures import classify_request, classify_start, error_lines, server_lines
 
 TRACEBACK = """\
 INFO starting
@@ -44,3 +44,19 @@ def test_a_leading_log_timestamp_is_left_out_of_the_message() -> None:
                              parse_problem=None)
     assert crash.message == "server exited with code 1 during the request: ERROR refserver: fault exit@3: exiting"
     assert crash.evidence[0] == log.strip()  # the evidence keeps the line whole
+
+
+def test_an_oom_in_a_json_error_body_is_quoted_by_its_message_not_the_json() -> None:
+    # vLLM-Omni 0.30.0's 500 for a request past the accounted card (tests/stand: the real body's shape)
+    body = ('{"error":{"message":"Image generation failed: CUDA out of memory. Tried to allocate 16.00 MiB. GPU 0 '
+            'has a total capacity of 192.00 MiB of which 6.27 MiB is free.","type":"InternalServerError",'
+            '"param":null,"code":500}}')
+    oom = classify_request(http_status=500, body=body, log_window="", timed_out=False, server_exit=None,
+                           parse_problem=None)
+    assert oom is not None and oom.kind == FailureClass.OOM
+    assert oom.evidence[0].startswith("Image generation failed: CUDA out of memory. Tried to allocate 16.00 MiB")
+    assert server_lines(oom)[0] == oom.evidence[0] and "{" not in oom.evidence[0]
+    # a body that is not JSON keeps its OOM lines as they are
+    plain = classify_request(http_status=500, body="CUDA out of memory. Tried to allocate 2.00 GiB", log_window="",
+                             timed_out=False, server_exit=None, parse_problem=None)
+    assert plain is not None and plain.evidence == ("CUDA out of memory. Tried to allocate 2.00 GiB",)

@@ -84,9 +84,8 @@ def test_a_server_that_frees_everything_says_so_and_no_faster() -> None:
 
 def test_a_whole_device_floor_that_follows_the_largest_request_is_an_upper_bound_not_retention() -> None:
     # NVML after requests of 1..4 references: the allocator keeps the largest request's blocks reserved
-    peak = (lambda n: LOAD + n * 300 * MIB)
     steps = session(lambda d, s, n: n * 300 * MIB, lambda n, cached: 1.0, source="nvml", bound="upper-bound",
-                    peak=peak)
+                    peak=lambda n: LOAD + n * 300 * MIB)
     r = retention(steps, capacity_bytes=24 * 2**30)
     assert r is not None and r.kind == "cannot-tell" and r.bound == "upper-bound", r
     assert r.why is not None and "largest request so far" in r.why

@@ -69,6 +69,23 @@ def test_the_small_card_runs_out_in_a_request_at_a_line_of_vllm_omnis_code(examp
     assert re.fullmatch(r"vllm_omni/diffusion/models/qwen_image/pipeline_qwen_image_edit_plus\.py:\d+", site), site
     report = (run_dir / "report.md").read_text().replace("\\_", "_")  # Markdown escapes the underscores
     assert "Where a fix would go" in report and site in report
+    # the server's words are the body's message, never its JSON; the pass read a trace, no snapshot, and says so
+    assert '{"error"' not in report and "the server says: Image generation failed: CUDA out of memory" in report
+    assert "What held the memory (the diagnosis pass read no allocator snapshot):" in report
+
+
+def test_what_the_real_server_leaves_after_a_request_is_the_last_requests_references(example_run) -> None:
+    """vLLM-Omni 0.30.0 keeps each request's pre-processed references (12.3 MiB each at its condition size) until
+    the next request (docs/evidence/stand-retention): the levels grow per reference in the matrix's order, and
+    the retention probe (the 1-ref request sent again after the last) brings them back down."""
+    _, run_dir = example_run
+    findings = verdicts(run_dir)["cpu-roomy"]["findings"]["flag_sets"]["default"]
+    kept = findings["retention"]
+    assert kept["kind"] == "until-next-request" and kept["bound"] == "exact", kept
+    assert 11 * 2**20 < kept["per_bytes"] < 13.5 * 2**20, kept
+    assert kept["probe_floor_bytes"] - kept["load_bytes"] < 1.2 * kept["per_bytes"], kept
+    report = (run_dir / "report.md").read_text()
+    assert "per reference of the last request until the next one" in report
 
 
 def test_the_tiny_card_runs_out_at_load_inside_vllm_omni(example_run) -> None:
