@@ -8,6 +8,7 @@ declarations, neither imports the other's logic back. verdict.json is written th
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -167,10 +168,15 @@ class Blocked:
 
     @classmethod
     def from_json(cls, flags: str, d: dict[str, Any], role: str = "") -> Blocked:
-        """A stop from verdict.json's evidence.flag_sets (earlier runs: no cause, the words fall back to the
+        """A stop from verdict.json's evidence.flag_sets, read by StopEvidence's own declaration (a ValidationError,
+        a ValueError, names the field that is wrong; earlier runs without a cause: the words fall back to the
         stop)."""
-        return cls(flags, role, Stop(d["stop"]), d.get("why", ""), d.get("record"), tuple(d.get("server_says", ())),
-                   d.get("cause", ""), d.get("references"), d.get("detail"), memory=d.get("memory"))
+        e = STOP_EVIDENCE.validate_json(json.dumps(d), strict=True)  # as JSON types: "3" is no count
+        return cls(flags, role, e.stop, e.why, e.record, e.server_says, e.cause, e.references, e.detail,
+                   memory=e.memory)
+
+
+STOP_EVIDENCE: TypeAdapter[StopEvidence] = TypeAdapter(StopEvidence)
 
 
 # An interval wider than this factor (high / low), or with a bound outside SHOWN, says nothing a reader can

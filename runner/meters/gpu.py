@@ -9,12 +9,19 @@ from __future__ import annotations
 import threading
 import time
 from bisect import bisect_right
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from pydantic import ConfigDict, TypeAdapter
+from pydantic.dataclasses import dataclass as record
 
-@dataclass(frozen=True)
+# What a GPU host tells (the sidecar's /idle): declared once, validated as it is read (runner.meters.idle); a newer
+# sidecar's extra keys are ignored, a wrong type is refused.
+WIRE = ConfigDict(populate_by_name=True, extra="ignore")
+
+
+@record(frozen=True, config=WIRE)
 class GpuInfo:
     index: int | None
     uuid: str | None
@@ -24,7 +31,7 @@ class GpuInfo:
     requested: str | None  # card.gpu as written (index or UUID)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return TypeAdapter(GpuInfo).dump_python(self, mode="json")
 
 
 @dataclass(frozen=True)
@@ -35,7 +42,7 @@ class MemorySample:
     total: int | None
 
 
-@dataclass(frozen=True)
+@record(frozen=True, config=WIRE)
 class GpuProcess:
     pid: int  # host PID (the driver ignores PID namespaces)
     used_bytes: int | None  # None where the driver does not say (WDDM, some containers)
@@ -43,7 +50,7 @@ class GpuProcess:
     name: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return TypeAdapter(GpuProcess).dump_python(self, mode="json")
 
 
 class SampleSource(Protocol):

@@ -7,15 +7,23 @@ mean something only beside this baseline. A foreign holder is a reason to stop (
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
 from typing import Any
 
+from pydantic import Field, TypeAdapter, field_serializer, field_validator
+from pydantic.dataclasses import dataclass as record
+
 from runner.meters.base import SourceUnavailable
-from runner.meters.gpu import GpuInfo, GpuProcess, SampleSource
+from runner.meters.gpu import WIRE, GpuInfo, GpuProcess, SampleSource
+
+PREFIX = "idle-baseline:"  # the source as written in a session record and by the sidecar
 
 
-@dataclass(frozen=True)
+@record(frozen=True, config=WIRE)
 class IdleBaseline:
+    """Declared once: built by the NVML meter, written into session.json and by the sidecar, read back
+    (from_json) with the same declaration."""
+
     source: str  # "nvml", "sidecar", or "none"
     available: bool
     reason: str | None
@@ -23,8 +31,18 @@ class IdleBaseline:
     used_bytes: int | None = None
     reserved_bytes: int | None = None
     total_bytes: int | None = None
-    processes: tuple[GpuProcess, ...] = ()  # every process on the GPU before the server: all foreign
+    # every process on the GPU before the server: all foreign
+    processes: tuple[GpuProcess, ...] = Field(default=(), alias="foreign_processes")
     t: float | None = None
+
+    @field_validator("source", mode="before")
+    @classmethod
+    def _unprefixed(cls, value: Any) -> Any:
+        return value.removeprefix(PREFIX) if isinstance(value, str) else value
+
+    @field_serializer("source")
+    def _prefixed(self, value: str) -> str:
+        return PREFIX + value
 
     @property
     def foreign(self) -> tuple[GpuProcess, ...]:
@@ -44,17 +62,16 @@ class IdleBaseline:
         return None
 
     def to_json(self) -> dict[str, Any]:
-        return {"source": f"idle-baseline:{self.source}", "available": self.available, "reason": self.reason,
-                "gpu": self.gpu.to_json() if self.gpu else None, "used_bytes": self.used_bytes,
-                "reserved_bytes": self.reserved_bytes, "total_bytes": self.total_bytes,
-                "foreign_processes": [p.to_json() for p in self.processes], "t": self.t}
+        return IDLE.dump_python(self, mode="json", by_alias=True)
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> IdleBaseline:
-        gpu = GpuInfo(**d["gpu"]) if d.get("gpu") else None
-        procs = tuple(GpuProcess(**p) for p in d.get("foreign_processes", ()))
-        return cls(d["source"].removeprefix("idle-baseline:"), d["available"], d.get("reason"), gpu,
-                   d.get("used_bytes"), d.get("reserved_bytes"), d.get("total_bytes"), procs, d.get("t"))
+    def from_json(cls, data: str | bytes | dict[str, Any]) -> IdleBaseline:
+        """A baseline as JSON (the sidecar's /idle, or a session record's idle_baseline): strict JSON types; a
+        pydantic ValidationError (a ValueError) names the field otherwise."""
+        return IDLE.validate_json(data if isinstance(data, (str, bytes)) else json.dumps(data), strict=True)
+
+
+IDLE: TypeAdapter[IdleBaseline] = TypeAdapter(IdleBaseline)
 
 
 def measure_idle(source: SampleSource, name: str) -> IdleBaseline:

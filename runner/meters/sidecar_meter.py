@@ -195,7 +195,7 @@ def idle(card: Card) -> IdleBaseline:
             response = scrape(client, url)
         if response.status != 200:
             raise SourceUnavailable(f"GET {url}: HTTP {response.status}")
-        found = IdleBaseline.from_json(response.json())
+        found = IdleBaseline.from_json(response.content)
         for name in ("used_bytes", "reserved_bytes", "total_bytes"):
             if getattr(found, name) is not None:
                 to_bytes(getattr(found, name), f"sidecar /idle {name}")

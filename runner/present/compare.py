@@ -22,7 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from runner.core.errors import UserError
+from runner.core.records import problem
 from runner.core.units import fmt_bytes, fmt_s
 from runner.judge.decision import Blocked, Cell, World
 from runner.judge.verdict import ratio_interval
@@ -119,7 +122,8 @@ def load_summary(run_dir: Path) -> RunSummary:
     try:
         return _summary(doc)
     except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:
-        what = f"missing {exc}" if isinstance(exc, KeyError) else str(exc) or type(exc).__name__
+        what = f"missing {exc}" if isinstance(exc, KeyError) else problem(exc) if isinstance(exc, ValidationError) \
+            else str(exc) or type(exc).__name__
         raise UserError(f"{path}: not a verdict.json this runner reads: {what[:200]}") from None
 
 

@@ -160,6 +160,11 @@ def _compare(*argv: str) -> subprocess.CompletedProcess[str]:
                           timeout=60)
 
 
+def stop_of(doc: dict) -> dict:
+    (story, *_) = doc["verdicts"][0]["evidence"]["flag_sets"].values()
+    return story
+
+
 def test_compare_on_a_verdict_json_of_another_shape_is_one_line(tmp_path: Path) -> None:
     good = _good(tmp_path)
     doc = json.loads((good / "verdict.json").read_text())
@@ -180,6 +185,9 @@ def test_compare_on_a_verdict_json_of_another_shape_is_one_line(tmp_path: Path) 
         "deep": b"[" * 100_000 + b"]" * 100_000,
         "zero-walls": edited(lambda d: d["verdicts"][0]["cells"][0].update(wall_s=0.0, walls_s=[0.0, 0.0],
                                                                           wall_min_s=0.0, wall_max_s=0.0)),
+        # a stop's evidence read by its own declaration: a string is not a list of lines, "3" is not a count
+        "says-a-string": edited(lambda d: stop_of(d).update(server_says="CUDA out of memory")),
+        "count-as-text": edited(lambda d: stop_of(d).update(references="3")),
     }
     assert cell["served"] is True
     for name, data in shapes.items():

@@ -113,4 +113,9 @@ def test_idle_baseline_stop_reason_lists_holders() -> None:
     assert "pid 777 (python3, compute, 5120 MiB)" in reason
     assert base.stop_reason(require_idle=False) is None
     assert IdleBaseline.from_json(base.to_json()) == base
+    # read by the same declaration it is written from (a sidecar's /idle is untrusted): wrong types are refused
+    for bad in ({"available": "yes"}, {"used_bytes": "5368709120"}, {"foreign_processes": [{"pid": "777"}]},
+                {"gpu": {"index": [0]}}):
+        with pytest.raises(ValueError):
+            IdleBaseline.from_json({**base.to_json(), **bad})
     assert measure_idle(ManualSource(), "nvml").stop_reason(require_idle=True) is None
