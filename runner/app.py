@@ -28,6 +28,7 @@ from runner.core.units import slug
 from runner.plan import inputs, preflight
 from runner.plan.lanes import Plan, make_plan, sends_text
 from runner.plan.matrix import Matrix, load_matrix
+from runner.plan.soak import bounds_text as soak_bounds
 from runner.present import runinfo
 from runner.run import runlock
 from runner.run.events import Events, Fanout
@@ -106,16 +107,29 @@ def owed_topups(run: Opened) -> int:
     return owed
 
 
-def banner(run: Opened, todo: Pending, owed: int = 0) -> str:
-    if todo.steps == 0 and owed:
-        return (f"runner: run {run.run_id}: all {todo.planned_steps} step(s) decided; {owed} top-up send(s) owed "
-                f"to open latency ratios (repeats = auto) → {run.store.root}")
+def owed_soak(run: Opened) -> int:
+    """Soak requests still owed on the cards whose steps are all done (runner.run.soak_state; 0 without [soak])."""
+    if run.matrix.soak is None:
+        return 0
+    from runner.run.soak_state import owed
+
+    return owed(run.matrix, run.store)
+
+
+def banner(run: Opened, todo: Pending, owed: int = 0, soak_owed: int = 0) -> str:
+    soak = run.matrix.soak
+    if todo.steps == 0 and (owed or soak_owed):
+        what = [f"{owed} top-up send(s) owed to open latency ratios (repeats = auto)"] if owed else []
+        what += [f"{soak_owed} soak request(s) owed"] if soak_owed else []
+        return (f"runner: run {run.run_id}: all {todo.planned_steps} step(s) decided; {'; '.join(what)} "
+                f"→ {run.store.root}")
     if todo.steps == 0:
         return (f"runner: run {run.run_id}: nothing left to send, all {todo.planned_steps} step(s) decided "
                 f"→ {run.store.root}")
     of = f" of {todo.planned_sessions}" if run.resumed else ""
+    then = "" if soak is None else f", then the soak: {soak_bounds(soak)} per soaked flag set"
     return (f"runner: run {run.run_id}: {len(todo.sessions)}{of} session(s), {todo.steps} step(s) to send"
-            f"{f' of {todo.planned_steps}' if run.resumed else ''} × {sends_text(run.matrix.run)} "
+            f"{f' of {todo.planned_steps}' if run.resumed else ''} × {sends_text(run.matrix.run)}{then} "
             f"→ {run.store.root}")
 
 
@@ -155,6 +169,7 @@ def finish(store: RunStore, matrix: Matrix, *, rescore: bool = True) -> list:
     from runner.core.units import GIB
     from runner.judge.findings.build import allocator_pairs
     from runner.judge.findings.profiles import profiles
+    from runner.judge.findings.soak import with_soak
     from runner.judge.verdict import decide_all
     from runner.plan import baseline
     from runner.present import cost
@@ -162,6 +177,7 @@ def finish(store: RunStore, matrix: Matrix, *, rescore: bool = True) -> list:
     from runner.present.report import write_report
     from runner.run import diagnose
     from runner.run.rescore import rescore_against_cell
+    from runner.run.soak_state import card_soaks
 
     if rescore:
         rescore_against_cell(matrix, store)
@@ -180,11 +196,16 @@ def finish(store: RunStore, matrix: Matrix, *, rescore: bool = True) -> list:
     # A baseline cell on a card with another server: the report says its scores compare two servers.
     verdicts = [replace(v, notes=(*v.notes, note)) if (note := baseline.cell_mismatch(matrix, v.card)) else v
                 for v in verdicts]
+    soaks = card_soaks(matrix, store, verdicts)  # in each card's findings; the world stays the single request's
+    verdicts = [with_soak(v, soaks.get(v.card)) for v in verdicts]
     store.write_verdicts([v.to_json() for v in verdicts])
     run = store.load_run()
     store.write_profiles(profiles(run["run_id"], verdicts, matrix.verdict, capacities).model_dump(mode="json"))
     costs = cost.card_costs(steps, sessions, matrix.verdict, run["started_at"], run.get("finished_at"), wall)
-    report = write_report(store, verdicts, [*cost.cost_lines(costs), *cost.diagnosis_lines(store.load_diagnoses())])
+    soaked = store.load_soaks()
+    report = write_report(store, verdicts, [*cost.cost_lines(costs), *cost.diagnosis_lines(store.load_diagnoses()),
+                                            *cost.soak_lines(soaked, {r.key: store.load_soak_requests(r.key)
+                                                                      for r in soaked})])
     for v in verdicts:  # one short line per card; report.md has the whole reason
         print(verdict_line(v))
     print(f"report: {report}")
@@ -289,18 +310,20 @@ def _run(opened: Opened, command: list[str], progress: bool, metrics_port: int |
             check_flags(opened.matrix, opened.plan, todo, interrupts.stop)
     opened.store.write_run(declared_run(opened.run_doc, opened.store.root))
     owed = 0 if todo.steps else owed_topups(opened)
-    print(banner(opened, todo, owed), file=sys.stderr)
+    soak_owed = owed_soak(opened) if opened.resumed else 0
+    print(banner(opened, todo, owed, soak_owed), file=sys.stderr)
     from runner.plan.baseline import cell_mismatch
 
     for card in opened.matrix.axes.cards:  # said before the run, not only in the report an hour later
         if note := cell_mismatch(opened.matrix, card):
             print(f"runner: warning: {note}", file=sys.stderr)
-    if todo.steps or owed:
+    work = bool(todo.steps or owed or soak_owed)
+    if work:
         _reap_leftovers(opened.matrix, todo)
     view = ProgressView(enabled=progress)
     events: Events = view
     exporter = None
-    if metrics_port is not None and todo.steps:
+    if metrics_port is not None and work:
         from runner.present.exporter import RunExporter
 
         try:
@@ -312,7 +335,7 @@ def _run(opened: Opened, command: list[str], progress: bool, metrics_port: int |
         events = Fanout(view, exporter)
     interrupted = False
     try:
-        if todo.steps or owed:
+        if work:
             with view:
                 interrupted = execute(opened, events, todo, interrupts.stop, live)
     finally:
@@ -331,16 +354,18 @@ def _run(opened: Opened, command: list[str], progress: bool, metrics_port: int |
     opened.store.write_run(declared_run(doc, opened.store.root))
     verdicts = finish(opened.store, opened.matrix, rescore=bool(todo.steps))
     left = left_to_do(opened)
+    soak_left = owed_soak(opened) if not left.steps else 0  # a card with steps left has its soak still to come
+    soak_words = f" and {soak_left} soak request(s)" if soak_left else ""
     if interrupted or interrupts.interrupted:
         done = left.planned_steps - left.steps
         print(f"runner: interrupted; kept {done} of {left.planned_steps} step(s) in {opened.store.root} "
-              f"(partial report: {opened.store.root / 'report.md'}); {left.steps} left. Resume with:\n"
+              f"(partial report: {opened.store.root / 'report.md'}); {left.steps} left{soak_words}. Resume with:\n"
               f"  {resume_command(command, opened.store.root)}", file=sys.stderr)
         return exit_code(interrupts.signum) if interrupts.signum else EXIT_INTERRUPTED
-    if left.steps:
-        print(f"runner: {left.steps} step(s) not done (see report); a resume sends them: "
+    if left.steps or soak_left:
+        print(f"runner: {left.steps} step(s){soak_words} not done (see report); a resume sends them: "
               f"{resume_command(command, opened.store.root)}", file=sys.stderr)
-    return exit_status([v.world for v in verdicts], left.steps)
+    return exit_status([v.world for v in verdicts], left.steps + soak_left)
 
 
 def _reap_leftovers(matrix: Matrix, todo: Pending) -> None:

@@ -83,14 +83,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for note in notes:
         print(note)
     if args.estimate_from:
-        from runner.present.cost import estimate, estimate_lines
+        from runner.present.cost import estimate, estimate_lines, soak_estimate
         from runner.run.store import RunStore
 
         root = Path(args.estimate_from)
         if not (root / "run.json").is_file():
             raise UserError(f"--estimate-from {root}: not a run directory (no run.json)")
         store = RunStore(root)
-        print("\n".join(estimate_lines(estimate(plan, store.load_steps(), store.load_sessions()), str(root))))
+        steps, sessions = store.load_steps(), store.load_sessions()
+        soaked = [r for s in store.load_soaks() for r in store.load_soak_requests(s.key)]
+        lanes = soak_estimate(matrix, estimate(plan, steps, sessions), plan, steps, sessions, soaked)
+        print("\n".join(estimate_lines(lanes, str(root))))
     return 0
 
 

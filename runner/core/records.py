@@ -405,6 +405,60 @@ class DiagnosisRecord(Record):
     schema_version: int = Field(default=SCHEMA_VERSION, ge=1)
 
 
+class SoakRequest(Record):
+    """One request of a soak: a line of <card>/<flags>/soak/requests.jsonl. Light: no image, no scores, one device
+    peak and one level; never a timed sample or a peak of a matrix cell."""
+
+    model_config = ConfigDict(json_schema_extra=_schema_extra(required=("schema_version",)))
+
+    key: str = Field(pattern="^[^/]+/[^/]+$", description="the soaked flag set (card/flags)")
+    number: int = Field(ge=1, description="its place in the soak, 1-based, counted over the soak's server starts")
+    attempt: int = Field(ge=0, description="which server start of the soak sent it (0 = first; a resume starts "
+                                           "another)")
+    references: int = Field(ge=0)
+    fixture: str
+    seed: int
+    started_at: float = Field(allow_inf_nan=False, description="epoch seconds at send")
+    wall_s: float = Field(ge=0, allow_inf_nan=False, description="the request's wall time")
+    status: Literal[Status.OK, Status.FAILED] = Field(description="ok: an image came back (not scored)")
+    failure: Failure | None = Field(default=None, description="classified as the matrix's sends are")
+    peak: Peak | None = Field(default=None, description="the request's device peak: the first available source "
+                                                        "in the card's meter order (the response's own included), "
+                                                        "else the first device source saying why it has none")
+    floor_after: Level | None = Field(default=None, description="the level it left in the quiet window after it: "
+                                                                "the first device source with one, else the first "
+                                                                "saying why it has none")
+    schema_version: int = Field(default=SCHEMA_VERSION, ge=1)
+
+
+SoakStop = Literal["requests", "minutes", "failure", "oom at load", "start failed", "not idle", "interrupted"]
+
+
+class SoakRecord(Record):
+    """<card>/<flags>/soak/soak.json: one soaked flag set — what was asked, its server starts, why it stopped."""
+
+    model_config = ConfigDict(json_schema_extra=_schema_extra(required=("schema_version",)))
+
+    key: str = Field(pattern="^[^/]+/[^/]+$", description="card/flags")
+    card: str
+    flags: str
+    role: Role
+    requests: int = Field(ge=1, description="[soak] requests")
+    minutes: float | None = Field(default=None, gt=0, description="[soak] minutes")
+    references: tuple[int, ...] = Field(description="the counts it mixes, ascending")
+    order: Literal["cycle", "shuffle"]
+    chosen: str = Field(description="why this flag set is soaked: named in [soak] flags, or listed in profiles.json")
+    starts: tuple[ServerStart, ...] = ()
+    meters: tuple[dict[str, Any], ...] = Field(default=(), description="provenance per meter and start")
+    stopped: SoakStop | None = Field(default=None, description="why it ended: requests or minutes reached, its first "
+                                     "failure, its server's load ran out of memory, a start failure that is not "
+                                     "memory, a GPU held by someone else, or interrupted (a resume continues these "
+                                     "three); null while it runs")
+    why: str | None = Field(default=None, description="the stop in one line (a start failure's, the idle gate's)")
+    notes: tuple[str, ...] = ()
+    schema_version: int = Field(default=SCHEMA_VERSION, ge=1)
+
+
 class RunRecord(Record):
     """run.json: what was asked (the matrix, its hash, the plan) and what was found (versions, host, the
     facts per card), when it ran, and each resume."""
@@ -432,7 +486,7 @@ class RunRecord(Record):
 
 
 # the record files, as published
-ROOTS: tuple[type[Record], ...] = (StepRecord, SessionRecord, DiagnosisRecord, RunRecord)
+ROOTS: tuple[type[Record], ...] = (StepRecord, SessionRecord, DiagnosisRecord, SoakRecord, SoakRequest, RunRecord)
 
 
 # --- reading a record file: migrate, then validate ---------------------------------------------------------

@@ -121,6 +121,7 @@ class Verdict:
     stops: Annotated[tuple[Blocked, ...], Field(exclude=True)] = ()  # why each other flag set does not decide it
     findings: Findings | None = None  # where the memory goes, what binds, where a fix would go
     latency: Annotated[Latency | None, Field(exclude=True)] = None  # the deciding offload flag set's, with its sides
+    soak: str | None = None  # the deciding flag set's soak failure in words (runner.judge.findings.soak.with_soak)
 
     def to_json(self) -> dict[str, Any]:
         return dict(_VERDICT_JSON.dump_python(self, mode="json"))

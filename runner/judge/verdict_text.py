@@ -114,7 +114,8 @@ def summary(v: Verdict) -> str:
             vs = f", {fmt_ratio(lat.ratio)} {whose} latency at {refs_text(lat.references)} ({lat.measure})"
         at = f"at peak {fmt_bytes(ev.peak_bytes)}" if ev.peak_bytes is not None else "with no device-memory figure"
         wall_s = f", {fmt_s(ev.wall_s)} s/request at {v.target_references}" if ev.wall_s is not None else ""
-        head.append(f"{v.flags} serves {refs_text(v.target_references)} {at}{wall_s}{vs}{_headroom(v) or ''}")
+        head.append(f"{v.flags} serves {refs_text(v.target_references)} {at}{wall_s}{vs}{_headroom(v) or ''}"
+                    + (f"; its soak {v.soak}" if v.soak else ""))
     unknown = [b for b in v.stops if b.stop == "unknown"] if v.world == "undecided" else []
     if unknown:  # what blocked it, its record and the server's own line first: the part a reader needs
         head.append("cannot tell — " + "; ".join(

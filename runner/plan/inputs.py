@@ -47,7 +47,7 @@ def fingerprint(matrix: Matrix, plan: Plan, salt: str, environ: Mapping[str, str
     """name → digest for every input the records depend on (names say where the matrix names it)."""
     out = {"matrix (as parsed)": _sha(_canonical(tomllib.loads(matrix.text)))}
     for fx in matrix.axes.fixtures:
-        for i, path in enumerate(matrix.fixtures[fx].references[: max(matrix.axes.references)]):
+        for i, path in enumerate(matrix.fixtures[fx].references[: matrix.most_references]):
             out[f"fixtures.{fx}.references[{i}] ({path.name})"] = _file(path)
     b = matrix.baseline
     if b and b.directory is not None:

@@ -26,6 +26,7 @@ from typing import Any
 from runner.core.registry import BACKENDS, BackendOptions, LocalOptions
 from runner.core.secrets import MASK, mask_env
 from runner.core.units import GIB, fmt_bytes
+from runner.plan import soak
 from runner.plan.matrix import TEMPLATE_TOKEN, Card, FlagSet, Matrix, RunSettings, ServerProfile
 
 RUNTIME_PORT = "{port}"  # left in argv/env when the local backend picks a free port at each start
@@ -257,6 +258,7 @@ def describe(plan: Plan, matrix: Matrix) -> str:
         b = matrix.baseline
         cell = b.cell and (f"{b.cell[0]}/{b.cell[1]}" if b.cell[0] else f"each card's own '{b.cell[1]}'")
         lines.append(f"baseline: {b.directory if b.directory else 'cell ' + str(cell)}")
+    lines += soak.describe(matrix)
     for path in matrix.missing_files:
         lines.append(f"warning: file not found here (needed to run): {path}")
     return "\n".join(lines)

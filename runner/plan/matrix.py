@@ -541,6 +541,47 @@ class VerdictRules(Table):
         return role == "default" or role in self.offload_roles
 
 
+MAX_SOAK_REQUESTS = 1_000_000  # a soak longer than this is a typo; 10,000 is a long one (docs/benchmarks.md)
+
+
+def _listed_once(items: tuple[Any, ...]) -> tuple[Any, ...]:
+    dup = next((x for x in items if items.count(x) > 1), None)
+    if dup is not None:
+        raise ValueError(f"lists {_show(dup)} twice")
+    return items
+
+
+class Soak(Table):
+    """[soak]: the profile in service. After a card's sessions, each soaked flag set gets a fresh server start and
+    `requests` requests one at a time, its reference counts mixed in `order` (seeds and fixtures cycle as the
+    matrix's do); recorded apart (<card>/<flags>/soak/), never a timed sample or a peak of a matrix cell. A soak
+    stops at its first failure, at `requests` or at `minutes`."""
+
+    requests: int = Field(ge=1, le=MAX_SOAK_REQUESTS, description="requests sent to each soaked flag set, one at "
+                                                                  "a time, on one server start")
+    minutes: float | None = Field(None, gt=0, le=MAX_TIMEOUT_S / 60,
+                                  description="optional bound per soaked flag set (its requests' time, summed "
+                                              "over its server starts); the soak stops at whichever comes first")
+    references: Annotated[Seq[Count], AfterValidator(_listed_once)] | None = Field(
+        None, min_length=1, json_schema_extra=_no_default,
+        description="the reference counts it mixes (default: the matrix's), each listed once")
+    order: Literal["cycle", "shuffle"] = Field(
+        "cycle", description='"cycle": the counts in ascending order, repeated; "shuffle": each round of the '
+                             "counts in a random order drawn from `seed`")
+    seed: Seed = Field(0, description='order = "shuffle": the seed of its random order (the same soak on a resume)')
+    flags: Annotated[Seq[str], AfterValidator(_unique("name"))] | None = Field(
+        None, json_schema_extra=_no_default,
+        description="which flag sets (default: those profiles.json lists for the card at every count the soak "
+                    "mixes, known after the card's sessions)")
+    cards: Annotated[Seq[str], AfterValidator(_unique("name"))] | None = Field(
+        None, json_schema_extra=_no_default, description="which cards (default: every card of the matrix)")
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        """The counts it mixes, ascending (set by the loader: the matrix's when the table names none)."""
+        return tuple(sorted(self.references or ()))
+
+
 NAMED = ("servers", "cards", "flags", "fixtures")
 
 
@@ -556,6 +597,8 @@ class MatrixFile(Table):
     axes: Axes = Field(default_factory=Axes, alias="matrix", description="the axes")
     baseline: Baseline | None = Field(None, description="what to score against (optional)")
     verdict: VerdictRules = Field(default_factory=VerdictRules, description="how to judge")
+    soak: Soak | None = Field(None, description="the soak: each soaked flag set in service, many requests on one "
+                                                "server start (optional)")
 
     @classmethod
     def prepare(cls, data: dict[str, Any]) -> dict[str, Any]:
@@ -680,6 +723,12 @@ class Matrix:
     axes: Axes
     verdict: VerdictRules
     missing_files: tuple[Path, ...] = field(default=())
+    soak: Soak | None = None  # [soak] with its defaults filled in (references: the matrix's)
+
+    @property
+    def most_references(self) -> int:
+        """The most reference images any request sends: the matrix's largest count, or the soak's."""
+        return max((*self.axes.references, *(self.soak.counts if self.soak else ())))
 
 
 def _check_cards(doc: MatrixFile) -> None:
@@ -740,6 +789,34 @@ def _verdict(doc: MatrixFile, axes: Axes) -> VerdictRules:
     return rules
 
 
+def _soak(doc: MatrixFile, axes: Axes) -> Soak | None:
+    """[soak] against the other tables: the cards and flag sets it names run in this matrix, every count it mixes
+    is one each fixture can send; its counts default to the matrix's."""
+    soak = doc.soak
+    if soak is None:
+        return None
+    for key, names_, known, what, table in (("cards", soak.cards, axes.cards, "card", doc.cards),
+                                            ("flags", soak.flags, axes.flags, "flag set", doc.flags)):
+        for n in names_ or ():
+            if n not in table:
+                raise UserError(f"key 'soak.{key}' names unknown {what} {_show(n)} (known: {', '.join(table)})")
+            if n not in known:
+                raise UserError(f"key 'soak.{key}' names {what} {_show(n)}, which [matrix] {key} leaves out "
+                                f"(runs: {', '.join(known)})")
+    cards = soak.cards or axes.cards
+    for f in soak.flags or ():
+        if not any(axes.kept(c, f) for c in cards):
+            raise UserError(f"key 'soak.flags' names flag set {_show(f)}, which no soaked card runs "
+                            f"([matrix] exclude leaves it out on {', '.join(cards)})")
+    counts = tuple(sorted(soak.references if soak.references is not None else axes.references))
+    for fx in axes.fixtures:
+        held = len(doc.fixtures[fx].references)
+        if max(counts) > held:
+            raise UserError(f"key 'soak.references' asks for {max(counts)} reference(s) but fixture {_show(fx)} "
+                            f"holds {held} image(s)")
+    return soak.model_copy(update={"references": counts})
+
+
 def cfg_warning(run: RunSettings) -> str | None:
     """vLLM-Omni 0.30 runs true CFG only when `true_cfg_scale > 1` *and* a negative prompt is sent
     (pipeline_qwen_image_edit_plus.py), so a matrix without one measures single-pass generation."""
@@ -781,6 +858,7 @@ def load_matrix(path: str | Path, *, check_files: bool = True, base: Path | None
         axes = _axes(doc)
         _check_baseline(doc)
         verdict = _verdict(doc, axes)
+        soak = _soak(doc, axes)
     except ValidationError as exc:
         raise _user_error(file, exc) from None
     except UserError as exc:
@@ -788,8 +866,9 @@ def load_matrix(path: str | Path, *, check_files: bool = True, base: Path | None
     if (why := cfg_warning(doc.run)) is not None:
         print(f"runner: warning: {file}: {why}", file=sys.stderr)
 
+    most = max((*axes.references, *(soak.counts if soak else ())))  # what Matrix.most_references says
     needed = [(f"fixtures.{fx}.references[{i}]", "reference image", p) for fx in axes.fixtures
-              for i, p in enumerate(doc.fixtures[fx].references[: max(axes.references)])]
+              for i, p in enumerate(doc.fixtures[fx].references[:most])]
     if doc.baseline and doc.baseline.directory is not None:
         needed.append(("baseline.dir", "baseline file", doc.baseline.directory / "samples.json"))
     absent = [(key, kind, p) for key, kind, p in needed if not p.is_file()]
@@ -799,7 +878,8 @@ def load_matrix(path: str | Path, *, check_files: bool = True, base: Path | None
         raise UserError(f"{file}: key '{key}': {kind} {what}: {missing}")
     return Matrix(path=file, sha256=hashlib.sha256(raw).hexdigest(), text=text, run=doc.run,
                   servers=doc.servers, cards=doc.cards, flags=doc.flags, fixtures=doc.fixtures,
-                  baseline=doc.baseline, axes=axes, verdict=verdict, missing_files=tuple(p for _, _, p in absent))
+                  baseline=doc.baseline, axes=axes, verdict=verdict, missing_files=tuple(p for _, _, p in absent),
+                  soak=soak)
 
 
 # --- the published schema ---------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ def check(matrix: Matrix, plan: Plan, results: Path, *, resume: bool = False) ->
     """Raise UserError (one line) for the first problem found; return when the run may start."""
     cli_flags.check(matrix)
     for fx in matrix.axes.fixtures:
-        for i, path in enumerate(matrix.fixtures[fx].references[: max(matrix.axes.references)]):
+        for i, path in enumerate(matrix.fixtures[fx].references[: matrix.most_references]):
             check_image(path, f"{matrix.path}: key 'fixtures.{fx}.references[{i}]'")
     if matrix.baseline and matrix.baseline.directory is not None:
         check_baseline(matrix.baseline.directory)

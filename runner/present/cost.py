@@ -6,7 +6,10 @@
   the verdict of what had been recorded by then, with every step not yet recorded counted as not run, no
   longer changed) against the moment the run ended. The report ends with it.
 - `estimate`: `runner plan MATRIX --estimate-from RUN`: the expected GPU time per lane of a plan, from an
-  earlier run's load time per session and sends and time per send per cell.
+  earlier run's load time per session and sends and time per send per cell; `soak_estimate` adds each lane's
+  soak (one start per flag set it may soak, its requests at the earlier run's time per soak request, else per
+  send at the counts it mixes, plus the quiet window each).
+- `soak_lines`: the soak's cost for the report's cost section, apart from the measured sends.
 The "known at" moment is found by bisection over the send times (docs/results.md says what that assumes).
 """
 
@@ -17,10 +20,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from runner.core.records import DiagnosisRecord, SendTime, SessionRecord, Status, StepRecord
+from runner.core.records import DiagnosisRecord, SendTime, SessionRecord, SoakRecord, SoakRequest, Status, StepRecord
 from runner.core.units import fmt_s, refs_text
+from runner.plan import soak as soak_plan
 from runner.plan.lanes import Plan
-from runner.plan.matrix import VerdictRules
+from runner.plan.matrix import Matrix, VerdictRules
 
 
 def sends_of(r: StepRecord) -> tuple[SendTime, ...]:
@@ -184,6 +188,9 @@ class LaneEstimate:
     sends: float
     gpu_s: float
     guessed: int  # sessions without a counterpart in the earlier run (priced at its means)
+    soak_flag_sets: int = 0  # flag sets its soak may take (at most: profiles.json decides where [soak] names none)
+    soak_requests: float = 0.0
+    soak_s: float = 0.0  # included in gpu_s
 
 
 PLAUSIBLE_S = 7 * 24 * 3600.0  # a load or a send said to last over a week is an edited record, not a time
@@ -236,11 +243,52 @@ def estimate(plan: Plan, steps: Iterable[StepRecord], sessions: Iterable[Session
     return out
 
 
+def soak_estimate(matrix: Matrix, estimates: Sequence[LaneEstimate], plan: Plan, steps: Iterable[StepRecord],
+                  sessions: Iterable[SessionRecord], soak_requests: Iterable[SoakRequest]) -> list[LaneEstimate]:
+    """Each lane's estimate with its soak added: per flag set it may soak (runner.plan.soak.candidates: at most),
+    one start at its load time, and its requests at the earlier run's mean time per soak request of that flag
+    set, else its mean time per send at the counts the soak mixes, else the run's; plus the quiet window after
+    each; bounded by [soak] minutes."""
+    soak = matrix.soak
+    if soak is None:
+        return list(estimates)
+    steps, sessions = list(steps), list(sessions)
+    loads = _times(st.ready_s for s in sessions for st in s.starts)
+    mean_load = statistics.fmean(loads) if loads else 0.0
+    by_session = {s.key: s for s in sessions}
+    soaked: dict[str, list[float]] = {}
+    for r in soak_requests:
+        soaked.setdefault(r.key, []).append(r.wall_s)
+    walls = _times(x.wall_s for r in steps for x in sends_of(r))
+    out = []
+    for e in estimates:
+        lane = next(x for x in plan.lanes if x.name == e.lane)
+        flag_sets, requests, seconds = 0, 0.0, 0.0
+        for card in lane.cards:
+            for flags in soak_plan.candidates(matrix, card):
+                key = f"{card}/{flags}"
+                prior = by_session.get(key)
+                own = _times(st.ready_s for st in prior.starts) if prior else []
+                each = _times(soaked.get(key, ())) or _times(x.wall_s for r in steps if r.card == card and
+                                                             r.flags == flags and r.references in soak.counts
+                                                             for x in sends_of(r)) or walls
+                per = (statistics.fmean(each) if each else 0.0) + matrix.run.quiet_s
+                span = soak.requests * per if soak.minutes is None else min(soak.requests * per, soak.minutes * 60)
+                flag_sets += 1
+                requests += span / per if per > 0 else soak.requests
+                seconds += (statistics.fmean(own) if own else mean_load) + span
+        out.append(LaneEstimate(e.lane, e.starts, e.sends, e.gpu_s + seconds, e.guessed, flag_sets, requests,
+                                seconds))
+    return out
+
+
 def estimate_lines(estimates: Sequence[LaneEstimate], source: str) -> list[str]:
     lines = [f"expected GPU time from {source} (starts × load time + sends × time per send, per cell):"]
     for e in estimates:
         guess = f"; {e.guessed} session(s) not in that run, priced at its means" if e.guessed else ""
-        lines.append(f"  lane {e.lane}: {e.starts:.0f} start(s), {e.sends:.0f} send(s), {_clock(e.gpu_s)}{guess}")
+        soak = (f"; with its soak: at most {e.soak_flag_sets} flag set(s), {e.soak_requests:.0f} request(s), "
+                f"{_clock(e.soak_s)}" if e.soak_flag_sets else "")
+        lines.append(f"  lane {e.lane}: {e.starts:.0f} start(s), {e.sends:.0f} send(s), {_clock(e.gpu_s)}{guess}{soak}")
     if estimates:
         lines.append(f"  run: {_clock(max(e.gpu_s for e in estimates))} (lanes in parallel), "
                      f"{_clock(sum(e.gpu_s for e in estimates))} of GPU time in all")
@@ -263,4 +311,24 @@ def diagnosis_lines(diagnoses: Sequence[DiagnosisRecord]) -> list[str]:
     total = sum(d.total_s for d in diagnoses)
     lines += ["", f"{len(diagnoses)} diagnosis pass(es), {fmt_s(total)} s in all "
               f"({fmt_s(total / len(diagnoses))} s per pass).", ""]
+    return lines
+
+
+def soak_lines(soaks: Sequence[SoakRecord], requests: dict[str, Sequence[SoakRequest]]) -> list[str]:
+    """The soak's cost (runner.run.soak), per soaked flag set, apart from the measured sends: its server starts
+    (GPU busy from start to stop), its requests and their time."""
+    if not soaks:
+        return []
+    lines = ["The soak (one start per soaked flag set, its requests one at a time; not counted above):", "",
+             "| flag set | server starts (load) | GPU busy | requests (time) | stopped |", "|---|---|---|---|---|"]
+    busy_all = 0.0
+    for r in soaks:
+        mine = requests.get(r.key, ())
+        busy = sum(max(0.0, (st.stopped_at or st.started_at) - st.started_at) for st in r.starts)
+        busy_all += busy
+        load = sum(st.ready_s or 0.0 for st in r.starts)
+        lines.append(f"| {r.key} | {len(r.starts)} ({fmt_s(load)} s) | {_clock(busy)} | {len(mine)} "
+                     f"({fmt_s(sum(x.wall_s for x in mine))} s) | {r.stopped or 'running'} |")
+    sent = sum(len(requests.get(r.key, ())) for r in soaks)
+    lines += ["", f"{sent} soak request(s) in all, {_clock(busy_all)} of GPU time.", ""]
     return lines

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from runner.core.records import StepRecord
+from runner.core.records import SoakRequest, StepRecord
 from runner.present.livepage import CSP, PAGE, LiveState, live_json
 from runner.run.events import Events, Fanout  # noqa: F401  (Fanout: used by callers via this module)
 
@@ -29,6 +29,8 @@ class RunExporter(Events):
                             registry=self.registry)
         self.session = Gauge("runner_session_active", "1 while a card × flag set session runs", labels,
                              registry=self.registry)
+        self.soak = Counter("runner_soak_requests", "Soak requests by outcome", (*labels, "status", "failure"),
+                            registry=self.registry)
         self.planned = Gauge("runner_lane_steps_planned", "Steps planned per lane", ("run", "lane"),
                              registry=self.registry)
         self.run_id = run_id
@@ -64,6 +66,18 @@ class RunExporter(Events):
         if peak and peak.bytes is not None:
             labels = (self.run_id, record.card, record.flags, str(record.references), peak.source)
             self.peak.labels(*labels).set(peak.bytes)
+
+    def soak_started(self, card: str, flags: str, done: int, planned: int) -> None:
+        self.live.soak_started(card, flags, done, planned)
+
+    def soak_request(self, record: SoakRequest) -> None:
+        card, flags = record.key.split("/", 1)
+        self.live.soak_request(record)
+        failure = record.failure.kind.value if record.failure else ""
+        self.soak.labels(self.run_id, card, flags, record.status.value, failure).inc()
+
+    def soak_finished(self, card: str, flags: str, stopped: str | None, line: str | None, sent: int) -> None:
+        self.live.soak_finished(card, flags, stopped, line, sent)
 
     def memory(self, card: str, device_bytes: int | None) -> None:
         if device_bytes is not None:

@@ -17,9 +17,10 @@ import time
 from collections import deque
 from typing import Any
 
-from runner.core.records import StepRecord
+from runner.core.records import SoakRequest, StepRecord
 from runner.observe import quote
-from runner.present.progress import step_line
+from runner.present.progress import soak_end_line, soak_line, step_line
+from runner.run.pending import SOAK_ENDS
 
 HISTORY = 7200  # readings kept per card: an hour at the memory ticker's 2 Hz
 SERVED_POINTS = 600  # at most this many per card in one /live.json (bucket maxima: no peak is dropped)
@@ -56,6 +57,7 @@ class LiveState:
         self._session: dict[str, str] = {}
         self._last: dict[str, str] = {}
         self._finished: set[str] = set()
+        self._soaks: dict[str, int] = {}  # card → the requests its soak running now plans
 
     def lane_started(self, lane: str, cards: tuple[str, ...], total_steps: int) -> None:
         with self._lock:
@@ -74,6 +76,28 @@ class LiveState:
             lane = self._lane_of.get(record.card, record.card)
             self._done[lane] = self._done.get(lane, 0) + 1
             self._last[record.card] = step_line(record)
+
+    def soak_started(self, card: str, flags: str, done: int, planned: int) -> None:
+        with self._lock:
+            lane = self._lane_of.get(card, card)
+            self._planned[lane] = self._planned.get(lane, 0) + planned - done
+            self._soaks[card] = planned
+            self._session[card] = f"{flags}: soak, {planned - done} request(s) to send"
+
+    def soak_request(self, record: SoakRequest) -> None:
+        card, flags = record.key.split("/", 1)
+        with self._lock:
+            lane = self._lane_of.get(card, card)
+            self._done[lane] = self._done.get(lane, 0) + 1
+            self._session[card] = f"{flags}: soak, request {record.number} of {self._soaks.get(card, '?')}"
+            self._last[card] = soak_line(record)
+
+    def soak_finished(self, card: str, flags: str, stopped: str | None, line: str | None, sent: int) -> None:
+        with self._lock:
+            lane = self._lane_of.get(card, card)
+            if stopped in SOAK_ENDS:  # what it will never send is not left to do
+                self._planned[lane] = self._planned.get(lane, 0) - (self._soaks.get(card, sent) - sent)
+            self._session[card] = soak_end_line(card, flags, stopped, line, sent)
 
     def memory(self, card: str, device_bytes: int) -> None:
         with self._lock:

@@ -27,7 +27,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from runner.core.records import Failure, FailureClass, Peak, SessionRecord, Status, StepRecord
+from runner.core.records import Failure, FailureClass, Level, Peak, SessionRecord, SoakRequest, Status, StepRecord
 from runner.core.registry import METERS
 from runner.core.units import clip, fmt_bytes, fmt_s, refs_text, unit_for
 from runner.judge.decision import Cell
@@ -485,3 +485,86 @@ def _held_bars(ax: Axes, held: Sequence[tuple[str, HeldMemory]], div: float, lo:
             put(x, y, h.tried_bytes, "#ffffff00", "the allocation that failed", hatch="///")
         ax.text(x, (y + (h.tried_bytes or 0)) / div, f"{fmt_bytes(h.active_bytes)} held", ha="center",
                 va="bottom", fontsize=7)
+
+
+def soak_figure(card: str, soaks: dict[str, Sequence[SoakRequest]], capacity_bytes: float,
+                styles: dict[str, FlagStyle], planned: int) -> Figure | None:
+    """A card's soak over its requests: the level after each request, each request's peak and its latency, one
+    line per soaked flag set (its style as on every plot), the capacity drawn on both memory panels. A failure is
+    a black x at its request (a device OOM at the capacity line: the demand exceeded it, whatever was read); a
+    new server start (a resume) is a grey dashed line."""
+    if not any(soaks.values()):
+        return None
+    tops = [capacity_bytes, 1.0] + [float(b) for rs in soaks.values() for r in rs
+                                    for b in (_figure(r.peak), _figure(r.floor_after)) if b is not None]
+    div, unit = unit_for(max(tops))
+    fig, (floor_ax, peak_ax, lat_ax) = subplots(3, 1, figsize=(9.5, 7.6), sharex=True, height_ratios=(1, 1, 0.8))
+    failed = False
+    for flags, requests in soaks.items():
+        style = styles[flags]
+        served = [r for r in requests if r.status == Status.OK]
+        line = {"color": style.color, "ls": style.dash, "lw": min(style.width, 1.6),
+                "marker": style.marker if len(served) <= 60 else None, "ms": 3.5}
+        for ax, read in ((floor_ax, _level_after), (peak_ax, _request_peak)):
+            pts = [(r.number, b / div) for r in served if (b := _figure(read(r))) is not None]
+            source = next((x.source for r in served if (x := read(r)) is not None and x.available), None)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=f"{flags} ({source or 'no device figure'})",
+                    **line)
+        lat_ax.plot([r.number for r in served], [r.wall_s for r in served], label=flags, **line)
+        failed = _soak_failures(flags, requests, (floor_ax, peak_ax, lat_ax), capacity_bytes / div, div) or failed
+        for before, after in itertools.pairwise(requests):
+            if after.attempt != before.attempt:
+                for ax in (floor_ax, peak_ax, lat_ax):
+                    mark = ax.axvline(after.number - 0.5, color="grey", ls="--", lw=0.8)
+                    mark.set_gid(f"restart|{flags}|{after.number}")
+    for ax, title in ((floor_ax, f"level after each request ({unit})"), (peak_ax, f"request peak ({unit})")):
+        ax.axhline(capacity_bytes / div, color="black", ls=":", lw=1)
+        ax.set_ylim(0, max(tops) / div * 1.08)
+        ax.set_ylabel(title, fontsize=8)
+        ax.grid(alpha=0.25)
+    lat_ax.set_ylim(bottom=0)
+    lat_ax.set_ylabel("seconds per request", fontsize=8)
+    lat_ax.grid(alpha=0.25)
+    lat_ax.set_xlabel(f"soak request (of {planned} asked)")
+    lat_ax.set_xlim(0.5, max([planned] + [r.number for rs in soaks.values() for r in rs]) + 0.5)
+    handles, labels = floor_ax.get_legend_handles_labels()
+    handles.append(Line2D([], [], color="black", ls=":", lw=1))
+    labels.append(f"capacity {fmt_bytes(capacity_bytes)}")
+    if failed:
+        handles.append(Line2D([], [], **NOT_SERVED))
+        labels.append("the request that failed (a device OOM at the capacity)")
+    floor_ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    peak_ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    floor_ax.set_title(f"{card}: the soak — level after each request, request peak and latency, per soaked flag set",
+                       fontsize=10)
+    return fig
+
+
+def _figure(reading: Peak | Level | None) -> int | None:
+    return reading.bytes if reading is not None and reading.available else None
+
+
+def _level_after(r: SoakRequest) -> Level | None:
+    return r.floor_after
+
+
+def _request_peak(r: SoakRequest) -> Peak | None:
+    return r.peak
+
+
+def _soak_failures(flags: str, requests: Sequence[SoakRequest], axes: tuple[Axes, Axes, Axes], capacity: float,
+                   div: float) -> bool:
+    """A soak's failed request as a black x on each panel (a device OOM at the capacity line); whether it had one."""
+    floor_ax, peak_ax, lat_ax = axes
+    failed = [r for r in requests if r.status == Status.FAILED]
+    for r in failed:
+        oom = r.failure is not None and r.failure.kind == FailureClass.OOM and \
+            (r.failure.oom is None or r.failure.oom.memory == "device")
+        y = capacity if oom else (_figure(r.peak) or 0) / div
+        for ax in (floor_ax, peak_ax):
+            (mark,) = ax.plot([r.number], [y], zorder=5, **NOT_SERVED)
+            mark.set_gid(f"failed|{flags}|{r.number}")
+        lat_ax.plot([r.number], [r.wall_s], zorder=5, **NOT_SERVED)
+        peak_ax.annotate(f"{flags}: {r.failure.kind if r.failure else 'failed'} at request {r.number}", (r.number, y),
+                         xytext=(8, -12), textcoords="offset points", ha="left", fontsize=7)
+    return bool(failed)

@@ -10,14 +10,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column
 
-from runner.core.records import DiagnosisRecord, Status, StepRecord
+from runner.core.records import DiagnosisRecord, SoakRequest, Status, StepRecord
 from runner.core.units import clip, fmt_bytes, fmt_s, refs_text
 from runner.judge.decision import Verdict
 from runner.judge.verdict_text import console_line
 from runner.observe import quote
 from runner.plan.lanes import Step
 from runner.run.events import Events
-from runner.run.pending import decided
+from runner.run.pending import SOAK_ENDS, decided
 
 SESSION_WIDTH = 42  # fixed column widths: the bars do not shift between frames as texts change length
 MEMORY_WIDTH = 22
@@ -65,6 +65,29 @@ def step_line(r: StepRecord) -> str:
     return f"{head}: " + ", ".join(parts)
 
 
+def soak_line(r: SoakRequest) -> str:
+    """One soak request in a line: "rtx3090/default soak 37 (2 refs): ok 3.10 s, peak 20.1 GiB (nvml), floor after
+    18.2 GiB (nvml)" — the console's and the live page's."""
+    head = f"{r.key} soak {r.number} ({refs_text(r.references)})"
+    if r.status == Status.FAILED:
+        return f"{head}: FAILED {r.failure.kind if r.failure else 'without a failure record'} after {fmt_s(r.wall_s)} s"
+    parts = [f"ok {fmt_s(r.wall_s)} s"]
+    if r.peak is not None and r.peak.available and r.peak.bytes is not None:
+        parts.append(f"peak {fmt_bytes(r.peak.bytes)} ({r.peak.source})")
+    if r.floor_after is not None and r.floor_after.available and r.floor_after.bytes is not None:
+        parts.append(f"floor after {fmt_bytes(r.floor_after.bytes)} ({r.floor_after.source})")
+    return f"{head}: " + ", ".join(parts)
+
+
+def soak_end_line(card: str, flags: str, stopped: str | None, line: str | None, sent: int) -> str:
+    """How a soak ended, in a line."""
+    what = {"requests": "held every request", "minutes": "held until its minutes ran out",
+            "failure": "stopped at its first failure", "interrupted": "interrupted (a resume continues it)",
+            "not idle": "not started: the GPU is held", "oom at load": "its server ran out of memory at load",
+            "start failed": "its server did not start"}.get(stopped or "", stopped or "stopped")
+    return f"{card}/{flags}: soak {what}, {sent} request(s) recorded" + (f" — {clip(line, 200)}" if line else "")
+
+
 def verdict_line(v: Verdict) -> str:
     """One short line per card for the console, in the report's own words (runner.judge.verdict_text.summary);
     report.md carries the whole reason and the evidence."""
@@ -85,6 +108,7 @@ class ProgressView(Events):
         self.tasks: dict[str, int] = {}
         self.shared: dict[str, bool] = {}  # card → its lane holds several cards (then labels name the card)
         self.loading: dict[str, bool] = {}
+        self.soaks: dict[str, int] = {}  # card → the requests its soak running now plans
         self.lock = threading.Lock()
 
     def __enter__(self) -> ProgressView:
@@ -158,6 +182,31 @@ class ProgressView(Events):
         self.console.print(quote.console(f"{record.key}: diagnosis pass ({at}) in {fmt_s(record.total_s)} s: "
                                          f"{record.outcome}; {what}"),
                            highlight=False, markup=False)
+
+    def soak_started(self, card: str, flags: str, done: int, planned: int) -> None:
+        with self.lock:
+            task = next(t for t in self.progress.tasks if t.id == self.tasks[card])
+            self.soaks[card] = planned
+            self.progress.update(self.tasks[card], total=(task.total or 0) + planned - done,
+                                 session=f"{self._label(card, flags)} soak {done}/{planned}")
+        resumed = f", resuming at request {done + 1}" if done else ""
+        self.console.print(quote.console(f"{card}/{flags}: soak: {planned - done} request(s) to send{resumed}"),
+                           highlight=False, markup=False)
+
+    def soak_request(self, record: SoakRequest) -> None:
+        card, flags = record.key.split("/", 1)
+        self.progress.advance(self.tasks[card])
+        self.progress.update(self.tasks[card], session=f"{self._label(card, flags)} soak {record.number}/"
+                                                       f"{self.soaks.get(card, '?')}")
+        self.console.print(quote.console(soak_line(record)), highlight=False, markup=False)
+
+    def soak_finished(self, card: str, flags: str, stopped: str | None, line: str | None, sent: int) -> None:
+        if stopped in SOAK_ENDS:  # the requests it will never send are not left to do
+            with self.lock:
+                task = next(t for t in self.progress.tasks if t.id == self.tasks[card])
+                self.progress.update(self.tasks[card], total=(task.total or 0) - (self.soaks.get(card, sent) - sent))
+        self.console.print(quote.console(soak_end_line(card, flags, stopped, line, sent)), highlight=False,
+                           markup=False)
 
     def memory(self, card: str, device_bytes: int | None) -> None:
         value = "–" if device_bytes is None else fmt_bytes(device_bytes)

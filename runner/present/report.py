@@ -16,6 +16,7 @@ from runner.core.units import GIB, clip, fmt_bytes, fmt_s, refs_text
 from runner.judge.decision import Cell, StopEvidence, Verdict
 from runner.judge.findings.models import HeldMemory
 from runner.judge.reconcile import reconcile, render
+from runner.judge.soak_text import soak_lines
 from runner.judge.verdict import IdenticalPair, identical_pairs
 from runner.judge.verdict_text import findings_lines, summary
 from runner.observe import quote
@@ -288,6 +289,22 @@ def _held(v: Verdict) -> list[tuple[str, HeldMemory]]:
     return sorted(found, key=lambda fh: fh[1].at != "oom")
 
 
+def _soak_section(store: RunStore, v: Verdict, capacity: float, styles: dict[str, plots.FlagStyle],
+                  out: Path) -> list[str]:
+    """### Soak: the card's soak findings in sentences (runner.judge.soak_text) and its plot, from the soak records."""
+    soak = v.findings.soak if v.findings is not None else None
+    if soak is None:
+        return []
+    lines = ["### Soak", "", *soak_lines(soak), ""]
+    series = {f: store.load_soak_requests(f"{v.card}/{f}") for f in soak.flag_sets}
+    fig = plots.soak_figure(v.card, series, capacity, {f: styles.get(f) or plots.flag_styles([f])[f] for f in series},
+                            soak.requests)
+    if fig is not None:
+        image = plots.save(fig, _plot_path(out, f"{v.card}-soak.png"))
+        lines += [f"![{quote.markdown(v.card)} soak](plots/{image.name})", ""]
+    return lines
+
+
 def _card_section(store: RunStore, v: Verdict, cards: dict[str, Any], sessions: list[SessionRecord],
                   steps: list[StepRecord], styles: dict[str, plots.FlagStyle], out: Path) -> list[str]:
     capacity = float(cards.get(v.card, {}).get("vram_gib", 0)) * GIB
@@ -297,7 +314,9 @@ def _card_section(store: RunStore, v: Verdict, cards: dict[str, Any], sessions: 
     roles = {c.flags: c.role for c in v.cells} | {s.flags: s.role for s in card_sessions}
     lines = ["", f"## {quote.markdown(v.card)} — {v.world}", ""]
     if v.findings is not None:  # findings_lines quotes what came from the server itself
-        lines += ["### Findings", "", *findings_lines(v), "", "### Evidence", ""]
+        lines += ["### Findings", "", *findings_lines(v), ""]
+        lines += _soak_section(store, v, capacity, styles, out)
+        lines += ["### Evidence", ""]
     lines += [quote.markdown(v.reason), ""]
     if v.evidence.flag_sets:
         lines += [f"Every flag set at {v.target_references} reference(s):", ""]

@@ -3,7 +3,7 @@ this module, never the executor, so the dependency points one way: execute → e
 
 from __future__ import annotations
 
-from runner.core.records import DiagnosisRecord, StepRecord
+from runner.core.records import DiagnosisRecord, SoakRequest, StepRecord
 from runner.plan.lanes import Step
 
 
@@ -28,6 +28,11 @@ class Events:
     # the diagnosis pass of a flag set decided by a device OOM (runner.run.diagnose): not a measurement
     def diagnosis_started(self, card: str, flags: str, at: str) -> None: ...
     def diagnosis_done(self, record: DiagnosisRecord) -> None: ...
+    # the soak of a flag set (runner.run.soak): `done` of `planned` requests already recorded (a resume), each
+    # request as it is recorded, and how it ended (soak.json's `stopped`, and its line) with `sent` recorded in all
+    def soak_started(self, card: str, flags: str, done: int, planned: int) -> None: ...
+    def soak_request(self, record: SoakRequest) -> None: ...
+    def soak_finished(self, card: str, flags: str, stopped: str | None, line: str | None, sent: int) -> None: ...
 
 
 class Fanout(Events):
@@ -83,3 +88,15 @@ class Fanout(Events):
     def diagnosis_done(self, record: DiagnosisRecord) -> None:
         for x in self.listeners:
             x.diagnosis_done(record)
+
+    def soak_started(self, card: str, flags: str, done: int, planned: int) -> None:
+        for x in self.listeners:
+            x.soak_started(card, flags, done, planned)
+
+    def soak_request(self, record: SoakRequest) -> None:
+        for x in self.listeners:
+            x.soak_request(record)
+
+    def soak_finished(self, card: str, flags: str, stopped: str | None, line: str | None, sent: int) -> None:
+        for x in self.listeners:
+            x.soak_finished(card, flags, stopped, line, sent)

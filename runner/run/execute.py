@@ -174,6 +174,15 @@ class SessionRunner:
         self.scorer = scorer  # one worker, so records are written in order; None: score inline
         self._scoring: list[Future[StepRecord]] = []
 
+    # -- where its server's files go: the session's folder (a soak's: its own, runner.run.soak) -------------
+    @property
+    def record_key(self) -> str:
+        """The folder (relative to the run's) of its server logs and memory.csv."""
+        return self.session.key
+
+    def attempt(self, attempt: int) -> Attempt:
+        return attempt_of(self.ctx, self.session, attempt)
+
     # -- records -------------------------------------------------------------------------------------
     def _emit(self, record: StepRecord, png: bytes | None = None) -> StepRecord:
         self.ctx.store.write_step(record, png)
@@ -424,7 +433,7 @@ class _Server:
     def __init__(self, runner: SessionRunner, attempt: int, log: _SessionLog) -> None:
         self.runner, self.attempt, self.log = runner, attempt, log
         assert runner.session.server is not None, "make_plan renders every session's server"
-        self.server = backends.create(runner.session.server, attempt_of(runner.ctx, runner.session, attempt))
+        self.server = backends.create(runner.session.server, runner.attempt(attempt))
         self.meters = build_meters(runner.card, self.server, runner.run.sample_hz)
         self.ticker = _MemoryTicker(runner.ctx.events, runner.card.name, self.meters)
         self.t_start = self.t_ready = time.time()
@@ -500,7 +509,7 @@ class _Server:
         self.flushed = now
         self.log.current = self._start_record(None)
         self.log.current_peaks = [m.window_peak(self.t_start, now) for m in self.meters]
-        self.runner.ctx.store.write_memory(self.runner.session.key, self._series(), self.attempt)
+        self.runner.ctx.store.write_memory(self.runner.record_key, self._series(), self.attempt)
         self.runner._write(self.log)
 
     def close(self) -> None:
@@ -518,7 +527,7 @@ class _Server:
         self.log.peaks.extend(m.window_peak(self.t_start, t_end) for m in self.meters)
         self.log.meters.extend({**m.provenance(), "attempt": self.attempt} for m in self.meters)
         self.log.starts.append(self._start_record(t_end))
-        self.runner.ctx.store.write_memory(self.runner.session.key, self._series(), self.attempt)
+        self.runner.ctx.store.write_memory(self.runner.record_key, self._series(), self.attempt)
         self.runner._write(self.log)
 
 
@@ -630,6 +639,15 @@ def _diagnosis_passes(ctx: RunContext, lane_name: str, refs: References, baselin
             ctx.events.diagnosis_done(done)
 
 
+def _soak_passes(ctx: RunContext, lane_name: str, refs: References, baselines: Baselines) -> None:
+    """After a lane's sessions: the soak of its cards (runner.run.soak), where [soak] asks for one."""
+    if ctx.matrix.soak is None:
+        return
+    from runner.run.soak import soak_passes
+
+    soak_passes(ctx, lane_name, refs, baselines)
+
+
 def run_plan(ctx: RunContext) -> list[SessionRecord]:
     """Run what is pending: one thread per lane, sessions one after another within a lane."""
     refs, baselines = References(), Baselines(ctx.matrix, ctx.store)
@@ -647,7 +665,8 @@ def run_plan(ctx: RunContext) -> list[SessionRecord]:
 def _run_lanes(ctx: RunContext, refs: References, baselines: Baselines) -> list[SessionRecord]:
     assert ctx.todo is not None
     lanes = ctx.todo.lanes
-    if ctx.matrix.run.auto_repeats:  # a lane with no step left may still owe top-ups (a resume)
+    if ctx.matrix.run.auto_repeats or ctx.matrix.soak is not None:  # a lane with no step left may still owe
+        # top-ups or a soak (a resume)
         have = {lane.name for lane in lanes}
         lanes = (*lanes, *(replace(lane, sessions=()) for lane in ctx.plan.lanes if lane.name not in have))
 
@@ -665,6 +684,7 @@ def _run_lanes(ctx: RunContext, refs: References, baselines: Baselines) -> list[
             out = [SessionRunner(ctx, s, refs, baselines, scorer).run_session() for s in lane.sessions]
             out += _topup_passes(ctx, lane.name, refs, baselines, scorer)
             _diagnosis_passes(ctx, lane.name, refs, baselines)
+            _soak_passes(ctx, lane.name, refs, baselines)
         ctx.events.lane_done(lane.name)
         return out
 

@@ -6,6 +6,10 @@ A request cut by a stop from outside (the server SIGTERMed, its engine gone, the
 cancelled, preempted, time limit, node failure) and steps
 skipped for a passing reason (run interrupted, restart budget used, GPU held by someone else, a
 start failure that is not memory) are to do again. Resume, the banner and the progress totals all use this.
+
+A soak (runner.plan.soak) is done when it reached `requests` or `minutes`, met its first failure, or its server
+ran out of memory at load; one that was interrupted (a signal, a request stopped from outside), found the GPU
+held, or whose start failed for a reason that is not memory is continued by a resume, at its next request.
 """
 
 from __future__ import annotations
@@ -13,8 +17,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from runner.core.records import FailureClass, SessionRecord, StepRecord, send_again
+from runner.core.records import FailureClass, SessionRecord, SoakRecord, SoakRequest, StepRecord, send_again
 from runner.plan.lanes import Lane, Plan, Session
+from runner.plan.matrix import Soak
 from runner.run.policy import start_failed
 
 
@@ -74,3 +79,24 @@ def without_cards(todo: Pending, cards: Iterable[str]) -> Pending:
         if kept:
             lanes.append(Lane(lane.name, tuple(c for c in lane.cards if c not in drop), kept))
     return Pending(tuple(lanes), todo.planned_sessions, todo.planned_steps)
+
+
+SOAK_ENDS = frozenset({"requests", "minutes", "failure", "oom at load"})  # what a resume does not continue
+
+
+def soak_elapsed_s(requests: Iterable[SoakRequest]) -> float:
+    """A soak's time so far against `minutes`: per server start, its first request's send to its last one's end."""
+    spans: dict[int, tuple[float, float]] = {}
+    for r in requests:
+        lo, hi = spans.get(r.attempt, (r.started_at, r.started_at + r.wall_s))
+        spans[r.attempt] = (min(lo, r.started_at), max(hi, r.started_at + r.wall_s))
+    return sum(hi - lo for lo, hi in spans.values())
+
+
+def soak_left(soak: Soak, record: SoakRecord | None, requests: list[SoakRequest]) -> int:
+    """Requests a soak still owes (0: done): none once it ended for good (SOAK_ENDS) or its minutes are spent."""
+    if record is not None and record.stopped in SOAK_ENDS:
+        return 0
+    if soak.minutes is not None and soak_elapsed_s(requests) >= soak.minutes * 60:
+        return 0
+    return max(0, soak.requests - len(requests))

@@ -9,7 +9,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.core.records import Failure, FailureClass, Peak, SendTime, Status, StepRecord
+from runner.core.records import Failure, FailureClass, Level, Peak, SendTime, SoakRequest, Status, StepRecord
 from runner.core.registry import METERS
 from runner.core.vocab import MemoryMetric, Role
 from runner.observe.failures import CLUSTER_CLASS
@@ -130,6 +130,22 @@ def step_record(step: Step, role: str, attempt: int, sends: Sends, timed: int, p
                                           "image_sha256": hashlib.sha256(first.image_bytes).hexdigest(),
                                           "deterministic": (sends.different is None) if compared else None}),
                   first.image_bytes, sends.different)
+
+
+def soak_request(key: str, number: int, step: Step, attempt: int, sends: Sends, peaks: tuple[Peak, ...],
+                 floors: tuple[Level, ...], undecodable: str | None = None) -> SoakRequest:
+    """A soak request's light record from its one send: failed as the matrix classifies a send (an image that does
+    not decode is a bad response, as the matrix's scoring finds it), its device peak and the level it left: the
+    first source with a figure in the card's meter order, else the first saying why it has none."""
+    failure = sends.failure
+    if failure is None and undecodable is not None:
+        failure = Failure(kind=FailureClass.BAD_RESPONSE, message=undecodable, evidence=())
+    device = [p for p in peaks if p.metric == MemoryMetric.DEVICE]
+    return SoakRequest(key=key, number=number, attempt=attempt, references=step.references, fixture=step.fixture,
+                       seed=step.seed, started_at=sends.t0, wall_s=sends.sends[0].wall_s,
+                       status=Status.OK if failure is None else Status.FAILED, failure=failure,
+                       peak=next((p for p in device if p.available), device[0] if device else None),
+                       floor_after=next((lv for lv in floors if lv.available), floors[0] if floors else None))
 
 
 def topped_up(old: StepRecord, sends: Sends, peaks: tuple[Peak, ...], repeat_psnr_db: float | None) -> StepRecord:

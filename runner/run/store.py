@@ -4,6 +4,7 @@ already measured. A step's path is its resume key.
 results/<run-id>/run.json, verdict.json, report.md, plots/
 results/<run-id>/<card>/<flags>/session.json, server.log, memory.csv
 results/<run-id>/<card>/<flags>/refs-<n>/<fixture>-seed-<s>.json (+ .png)
+results/<run-id>/<card>/<flags>/soak/soak.json, requests.jsonl (one line per request), server.<n>.log, memory.csv
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from runner.core.records import (
     Record,
     RecordError,
     SessionRecord,
+    SoakRecord,
+    SoakRequest,
     StepRecord,
     load,
 )
@@ -161,6 +164,10 @@ def read_record(path: Path) -> dict[str, Any]:
     return doc
 
 
+SOAK_FOLDER = "soak"
+SOAK_REQUESTS = "requests.jsonl"
+
+
 class RunStore:
     """Reads skip a file that is not a readable record, with one warning line naming it (once per file): one
     bad file must not make a run unresumable or unreportable. A step that was skipped is simply pending again
@@ -173,6 +180,7 @@ class RunStore:
         self._warned: set[str] = set()
         self._unreadable: set[Path] = set()  # skipped files: a step written anew keeps them beside, never over
         self._memory_t: dict[tuple[str, int], dict[tuple[str, str], float]] = {}  # last t written per series
+        self._appending: set[Path] = set()  # request files this store appended to (their last line is whole)
 
     def skipped(self, path: Path, why: str) -> None:
         self._unreadable.add(path)
@@ -308,6 +316,77 @@ class RunStore:
                 out.append(record)
         return out
 
+    # -- the soak: <card>/<flags>/soak/ (runner.run.soak) ------------------------------------------------------
+    def soak_key(self, session_key: str) -> str:
+        """The soak's folder, relative to the run folder: its server logs and memory.csv go there too."""
+        return f"{session_key}/{SOAK_FOLDER}"
+
+    def write_soak(self, record: SoakRecord) -> None:
+        write_json(self.session_dir(self.soak_key(record.key)) / "soak.json", record.model_dump(mode="json"))
+
+    def load_soak(self, session_key: str) -> SoakRecord | None:
+        path = self.session_dir(self.soak_key(session_key)) / "soak.json"
+        if not path.exists():
+            return None
+        record = self._load(path, SoakRecord)
+        if record is not None and record.key != session_key:
+            self.skipped(path, f"its key {record.key!r} is not its folder (a copy?); not counted")
+            return None
+        return record
+
+    def load_soaks(self) -> list[SoakRecord]:
+        paths = sorted(self.root.glob(f"*/*/{SOAK_FOLDER}/soak.json"))
+        keys = (p.parent.parent.relative_to(self.root).as_posix() for p in paths)
+        return [r for k in keys if (r := self.load_soak(k)) is not None]
+
+    def append_soak_request(self, record: SoakRequest) -> None:
+        """One line of requests.jsonl, appended and synced the moment the request is done (a kill loses at most
+        the line being written; the next append first drops such a partial line, readers skip it)."""
+        path = self.session_dir(self.soak_key(record.key)) / SOAK_REQUESTS
+        line = (json.dumps(record.model_dump(mode="json"), separators=(",", ":")) + "\n").encode()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if path not in self._appending and path.exists() and not _ends_a_line(path):
+                data = path.read_bytes()  # a kill mid-append left half a line: it never counted, it goes
+                atomic_write(path, data[: data.rfind(b"\n") + 1])
+            self._appending.add(path)
+            with path.open("ab") as f:
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            raise _store_error(path, exc) from None
+
+    def load_soak_requests(self, session_key: str) -> list[SoakRequest]:
+        """A soak's request records in request order: each line read as a record (migrated, validated); a line
+        that is not one (a kill mid-append, an edit, another flag set's copy) is left out with one warning line,
+        and a number recorded twice counts once (its first line)."""
+        path = self.session_dir(self.soak_key(session_key)) / SOAK_REQUESTS
+        if not path.exists():
+            return []
+        out: dict[int, SoakRequest] = {}
+        bad = 0
+        try:
+            lines = path.read_bytes().splitlines()
+        except OSError as exc:
+            self.skipped(path, f"cannot read it: {exc.strerror}")
+            return []
+        for raw in lines:
+            try:
+                doc = json.loads(raw, parse_int=_record_int, parse_constant=_no_constant)
+                record = load(SoakRequest, doc)
+            except (ValueError, RecursionError):  # not JSON, a bad number, not a record (RecordError)
+                bad += 1
+                continue
+            if record.key != session_key:
+                bad += 1
+                continue
+            out.setdefault(record.number, record)
+        if bad:
+            self.skipped(path, f"{bad} line(s) are not request records of {session_key}; left out")
+            self._unreadable.discard(path)  # the file itself is read: appends go on
+        return [out[n] for n in sorted(out)]
+
     def load_session(self, session_key: str) -> SessionRecord | None:
         path = self.session_dir(session_key) / "session.json"
         return self._load(path, SessionRecord) if path.exists() else None
@@ -329,6 +408,16 @@ class RunStore:
     def read_png(self, key: str) -> bytes | None:
         path = self.root / f"{key}.png"
         return path.read_bytes() if path.exists() else None
+
+
+def _ends_a_line(path: Path) -> bool:
+    """The file is empty or its last byte ends a line (read from the end: a soak's file grows long)."""
+    with path.open("rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        if not size:
+            return True
+        f.seek(size - 1)
+        return f.read(1) == b"\n"
 
 
 def read_memory(path: Path) -> tuple[list[tuple[float, int, str, str, int]], int]:

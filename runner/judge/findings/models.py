@@ -249,15 +249,88 @@ class Fragmentation(Record):
     b_still_short: bool = Field(description="b ran out of memory too")
 
 
+class Drift(Record):
+    """A least-squares slope over a soak's requests, per request, with its 95 % interval: within each server start
+    and reference count (so a mix of counts, and a restart, move no line), over the requests that were served."""
+
+    per_request: float = Field(allow_inf_nan=False, description="bytes (or seconds) per request")
+    low: float | None = Field(default=None, allow_inf_nan=False, description="the interval's low end (None: too "
+                                                                              "few requests for one)")
+    high: float | None = Field(default=None, allow_inf_nan=False)
+    points: int = Field(ge=0, description="requests in the fit")
+    distinguishable: bool = Field(description="the interval excludes 0")
+
+
+class SoakFailure(Record):
+    """The request that ended a soak."""
+
+    number: int = Field(ge=1)
+    references: int = Field(ge=0)
+    kind: str = Field(description="the failure class, as the matrix's sends are classified")
+    message: str
+    memory: Literal["device", "host"] | None = Field(default=None, description="an OOM's memory")
+    site: str | None = Field(default=None, description="an OOM's site: the innermost frame of the server's own code")
+    function: str | None = None
+    server_says: str | None = Field(default=None, description="the server's own last error line")
+    floor_above_first_bytes: int | None = Field(
+        default=None, description="the level the failing request started from (the level after the request "
+                                  "before it) minus the level after the first request of the same server start")
+
+
+class SoakFindings(Record):
+    """One soaked flag set in service (runner/judge/findings/soak.py), from its soak records."""
+
+    chosen: str = Field(description="why it was soaked")
+    planned: int = Field(ge=1, description="[soak] requests")
+    minutes: float | None = None
+    sent: int = Field(ge=0)
+    served: int = Field(ge=0, description="requests that came back with an image")
+    starts: int = Field(ge=0, description="server starts (a resume adds one)")
+    stopped: str | None = Field(description="soak.json's `stopped`")
+    outcome: Literal["held", "failed", "incomplete", "not run"] = Field(
+        description="held: no failure up to `requests` or `minutes`; failed: its first failure ended it; "
+                    "incomplete: interrupted (a resume continues it); not run: no request was sent (`why`)")
+    failure: SoakFailure | None = None
+    floor_source: str | None = Field(default=None, description="the device source of the levels")
+    floor_bound: Literal["exact", "upper-bound"] | None = None
+    first_floor_bytes: int | None = Field(default=None, description="the level after the first served request")
+    last_floor_bytes: int | None = Field(default=None, description="the level after the last served request")
+    floor_drift: Drift | None = Field(default=None, description="bytes per request the level after a request grows")
+    peak_source: str | None = None
+    highest_peak_bytes: int | None = None
+    peak_drift: Drift | None = Field(default=None, description="bytes per request a request's peak grows")
+    to_capacity: int | None = Field(default=None, ge=0, description="at the peak drift, requests after the last "
+                                                                    "until a peak would reach the capacity")
+    latency_p50_s: float | None = None
+    latency_p95_s: float | None = None
+    latency_max_s: float | None = None
+    latency_drift: Drift | None = Field(default=None, description="seconds per request")
+    capacity_bytes: int | None = None
+    why: str | None = Field(default=None, description="why it stopped, in one line (a start failure, the idle gate)")
+
+
+class CardSoak(Record):
+    """A card's soak: what it mixed and each soaked flag set's findings."""
+
+    requests: int = Field(ge=1)
+    minutes: float | None = None
+    references: tuple[int, ...]
+    order: Literal["cycle", "shuffle"]
+    flag_sets: dict[str, SoakFindings] = Field(default={})
+    not_soaked: str | None = Field(default=None, description="why no flag set was soaked (while none was)")
+
+
 class Findings(Record):
     functional: Functional
     contribution_sites: tuple[ContributionSite, ...] = ()
     flag_sets: dict[str, FlagSetFindings] = Field(default={})
     fragmentation: tuple[Fragmentation, ...] = ()
     no_site_ooms: tuple[str, ...] = Field(default=(), description="deciding OOMs without a site (records)")
+    soak: CardSoak | None = Field(default=None, description="the soak ([soak]): each soaked flag set in service")
 
 
-PROFILES_VERSION = 1
+# 2: each entry's `soak`
+PROFILES_VERSION = 2
 
 
 class ProfileEntry(Record):
@@ -271,6 +344,8 @@ class ProfileEntry(Record):
     latency_ratio: float | None = Field(default=None, description="median over a default flag set's median "
                                                                   "at the same count, where one served it (medians: "
                                                                   "the verdict's own ratio may be of geometric means)")
+    soak: str = Field(default="not soaked", description="its soak's outcome: 'held N requests', 'failed at request "
+                                                        "k', 'incomplete: N of M requests', or 'not soaked'")
 
 
 class CountProfile(Record):
