@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (a verbatim vLLM-Omni log, as the real server writes it)
 """A test double of a vLLM-Omni-shaped server that leaks device memory: every served request leaves LEAK MiB
 behind, so on one start request n needs BASE + (n − 1) · LEAK + WORK MiB and the first n above BUDGET runs out
 of memory — at request (BUDGET − BASE − WORK) // LEAK + 2, a number a test computes from the arguments.
