@@ -21,33 +21,20 @@ if [ ! -e "$venv/.complete" ]; then
     say "installing vLLM-Omni 0.30.0 (CPU) into $venv"
     python3 -m venv "$venv"
     install_cpu_torch "$venv" 2>&1 | quiet
-    # --no-deps from one pin list: the packages that resolve together, without the CUDA-only ones (stand/README.md)
-    if ! "$venv/bin/pip" install -q --disable-pip-version-check --no-compile --no-deps -r stand/requirements.txt \
-            > "$home/install.log" 2>&1; then
+    if ! stand/venv.sh pins "$venv" > "$home/install.log" 2>&1; then
         say "the packages could not be installed (is the package index reachable?): $(quiet < "$home/install.log" | tail -1)"
         rm -rf "$venv"
         exit 3
     fi
-    # torchaudio 2.11.1 on PyPI is a CUDA build that vllm-omni imports unconditionally: without its compiled
-    # libraries its Python side imports (it checks for them), and nothing the stand runs calls them.
-    rm -f "$venv"/lib/python3*/site-packages/torchaudio/lib/*.so
-    # Bytecode once, on every core: a server start imports thousands of modules, and where PYTHONDONTWRITEBYTECODE
-    # is set nothing is written at import.
-    "$venv/bin/python" -m compileall -q -j 0 "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
-        > /dev/null 2>&1 || true
+    stand/venv.sh finish "$venv"
     touch "$venv/.complete"
     say "installed in $((SECONDS - started)) s"
 fi
 
 # Ours, reinstalled whenever it changes (seconds): the plugin, and the runner package whose tensor ledger it uses.
-ours="$(find stand/plugin runner -name '*.py' -o -name '*.toml' -o -name '*.json' | grep -v __pycache__ | sort \
-        | xargs sha256sum | sha256sum | cut -c1-12)"
+ours="$(stand/venv.sh ours-key)"
 if [ "$(cat "$venv/.ours" 2>/dev/null)" != "$ours" ]; then
-    site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-    "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall \
-        ./stand/plugin . 2>&1 | quiet
-    echo "import runner_vllm_omni_cpu.fixes as f; f.install()" > "$site/runner_vllm_omni_cpu_fixes.pth"
-    "$venv/bin/python" -m compileall -q "$site/runner_vllm_omni_cpu" "$site/runner" > /dev/null 2>&1 || true
+    stand/venv.sh ours "$venv" ./stand/plugin .
     echo "$ours" > "$venv/.ours"
 fi
 
@@ -57,8 +44,7 @@ models="$home/models"
 mkdir -p .stand
 ln -sfn "$venv" .stand/venv
 ln -sfn "$models" .stand/models
-# The whole chain imports: vLLM, vLLM-Omni (with the fixes), our platform.
-if ! out="$("$venv/bin/python" -c "import vllm_omni.entrypoints.cli.main, runner_vllm_omni_cpu.platform" 2>&1)"; then
+if ! out="$(stand/venv.sh check "$venv" 2>&1)"; then
     echo "$out" | tail -20
     say "the stand does not import (above)"
     exit 1

@@ -9,6 +9,11 @@ scripts/services.sh
 if ! scripts/omni-stand.sh; then
     [ "${RUNNER_REQUIRE_STAND:-}" = 1 ] && { echo "test.sh: RUNNER_REQUIRE_STAND=1 and the stand is not set up" >&2; exit 1; }
     echo "test.sh: warning: no vLLM-Omni test stand; the real-server tier (tests/stand) is skipped" >&2
+elif ! docker/omni-stand/build.sh > /dev/null; then
+    # The same stand as an image for the docker backend (docker/omni-stand/: offline from a wheelhouse, cached by
+    # content: seconds when nothing changed)
+    [ "${RUNNER_REQUIRE_STAND:-}" = 1 ] && { echo "test.sh: RUNNER_REQUIRE_STAND=1 and the stand's image did not build" >&2; exit 1; }
+    echo "test.sh: warning: no image of the test stand; its docker-backend tests (tests/stand) are skipped" >&2
 fi
 .venv/bin/ruff check .
 .venv/bin/mypy                                # strict on the pure core ([tool.mypy] in pyproject.toml)

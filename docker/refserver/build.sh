@@ -15,43 +15,13 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
-BASE_IMAGE="${BASE_IMAGE:-runner-base:bookworm}"
 IMAGE="${IMAGE:-runner-refserver:dev}"
 STAGE_IMAGE="${STAGE_IMAGE:-runner-refserver-venv:build-$$}"  # the venv stage, only while this build runs
 PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
 [ -x "$PYTHON" ] || PYTHON=python3
 WHEELS="$HERE/wheelhouse"
-# The legacy builder needs no buildx plugin and never looks for a registry.
-export DOCKER_BUILDKIT=0
-
-log() { printf '[build.sh %s] %s\n' "$(date +%T)" "$*" >&2; }
-
-# The Debian mirror apt already uses (deb822 .sources first, then one-line lists).
-mirror() {
-  if [ -n "${MIRROR:-}" ]; then echo "$MIRROR"; return; fi
-  local uri
-  uri="$(grep -hs '^URIs:' /etc/apt/sources.list.d/*.sources | grep -v -- '-security' | head -1 | awk '{print $2}')"
-  [ -n "$uri" ] || uri="$(grep -hs '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list \
-                          | grep -v -- '-security' | head -1 | awk '{print $2}')"
-  echo "${uri:-http://deb.debian.org/debian}"
-}
-
-build_base() {
-  if docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
-    log "base $BASE_IMAGE exists, reused"; return
-  fi
-  command -v debootstrap >/dev/null || { log "debootstrap missing: apt-get install -y debootstrap"; exit 1; }
-  local dir t0
-  dir="$(mktemp -d /tmp/runner-base.XXXXXX)"
-  t0=$(date +%s)
-  log "debootstrap bookworm from $(mirror) into $dir"
-  debootstrap --variant=minbase --include=python3,python3-venv,python3-pip,ca-certificates \
-    bookworm "$dir" "$(mirror)" >"$dir.log" 2>&1 || { tail -20 "$dir.log" >&2; rm -rf "$dir"; exit 1; }
-  rm -rf "$dir"/var/cache/apt/archives/*.deb "$dir"/var/lib/apt/lists/*
-  tar -C "$dir" -c . | docker import -c 'CMD ["/bin/bash"]' -c 'ENV LANG=C.UTF-8' - "$BASE_IMAGE" >/dev/null
-  rm -rf "$dir" "$dir.log"
-  log "base $BASE_IMAGE built in $(( $(date +%s) - t0 )) s"
-}
+# The base image, the legacy builder, log and promote.
+source "$HERE/../lib.sh"
 
 # Content hash of what the image runs (the refserver package, packaging, this recipe): a rebuild happens
 # only when one of these changed. Other runner modules ride along in the wheel but never run in the image.
@@ -95,7 +65,7 @@ PY
 build_image() {
   local hash current t0
   hash="$(source_hash)"
-  current="$(docker image inspect -f '{{ index .Config.Labels "runner.source-hash" }}' "$IMAGE" 2>/dev/null || true)"
+  current="$(image_label "$IMAGE" runner.source-hash)"
   if [ "$current" = "$hash" ] && [ -z "${FORCE:-}" ]; then
     log "$IMAGE is up to date (source $hash), reused"; return
   fi
@@ -114,13 +84,7 @@ build_image() {
   docker run --rm --network none "$id" python -c 'import importlib, pkgutil, runner.refserver as p
 for m in pkgutil.iter_modules(p.__path__, "runner.refserver."):
     m.name.endswith("__main__") or importlib.import_module(m.name)' 
-  local old
-  old="$(docker image inspect -f '{{.Id}}' "$IMAGE" 2>/dev/null || true)"
-  docker tag "$id" "$IMAGE"
-  # The superseded image would linger untagged (1 GB a rebuild); an image a container still uses stays.
-  if [ -n "$old" ] && [ "$old" != "$(docker image inspect -f '{{.Id}}' "$IMAGE")" ]; then
-    docker rmi "$old" >/dev/null 2>&1 || true
-  fi
+  promote "$id" "$IMAGE"
   log "$IMAGE built in $(( $(date +%s) - t0 )) s (source $hash)"
 }
 
