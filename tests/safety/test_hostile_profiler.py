@@ -27,7 +27,7 @@ from tests.safety.hostile_matrix import hostile_matrix
 
 PROFILER = Path(__file__).with_name("hostile_profiler.py")
 TOKEN = "hf_RealSecretValue1234567890"
-CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 def session_runner(tmp: Path, mode: str) -> tuple[execute.SessionRunner, Target]:
@@ -113,6 +113,17 @@ def diagnosis(run: Path, card: str) -> dict[str, Any]:
     return dict(json.loads((run / card / "default" / "diagnosis.json").read_text()))
 
 
+def strings(doc: object) -> list[str]:
+    """Every string in a JSON document."""
+    if isinstance(doc, str):
+        return [doc]
+    if isinstance(doc, dict):
+        return [s for k, v in doc.items() for s in (*strings(k), *strings(v))]
+    if isinstance(doc, list):
+        return [s for v in doc for s in strings(v)]
+    return []
+
+
 def verdicts(run: Path) -> dict[str, dict[str, Any]]:
     return {v["card"]: v for v in json.loads((run / "verdict.json").read_text())["verdicts"]}
 
@@ -123,26 +134,40 @@ def masked_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subproce
                       {"secret": "secret", "escapes": "escapes", "start-500": "start-500"})
 
 
-def test_p7_p8_p9_a_run_over_a_secret_markup_and_a_failed_profiler(masked_run: tuple[Path, Any]) -> None:
-    """The secret the runner resolved into the server's env (HF_TOKEN = "${HF_TOKEN}") and written into the
-    snapshot's paths, function names and user_metadata: in no file of the run but the server's own pickle (before:
-    4 copies in verdict.json, 1 in report.md); control characters and bidi inert in verdict.json, no "Glyph
-    missing" on the console; the failed /start_profile is "profiler failed"."""
+def test_p7_a_secret_in_a_snapshot_reaches_no_file_of_the_run(masked_run: tuple[Path, Any]) -> None:
+    """The secret the runner resolved into the server's env (HF_TOKEN = "${HF_TOKEN}"), written into the
+    snapshot's paths, function names and user_metadata: in no file of the run but the server's own pickle
+    (before: 4 copies in verdict.json, 1 in report.md)."""
+    run, proc = masked_run
+    assert (run / "report.md").is_file() and (run / "plots" / "secret-held.png").is_file(), proc.stderr[-3000:]
+    kept = [p for p in run.rglob("*") if p.is_file() and not p.name.endswith(".pickle")]
+    shapes = (TOKEN.encode(), TOKEN.replace("_", "\\_").encode())  # as it is, and as report.md escapes it
+    leaks = [p.relative_to(run).as_posix() for p in kept if any(s in p.read_bytes() for s in shapes)]
+    assert not leaks, leaks
+    assert "/home/***/app/engine.py:88" in (run / "verdict.json").read_text()
+    assert TOKEN not in proc.stdout + proc.stderr
+
+
+def test_p8_control_characters_and_markup_are_inert_in_verdict_json_and_on_the_console(
+        masked_run: tuple[Path, Any]) -> None:
+    """Before: stored raw in verdict.json, and matplotlib printed "Glyph 27 missing" drawing the held plot."""
     run, proc = masked_run
     assert "Traceback" not in proc.stderr and "Glyph" not in proc.stderr, proc.stderr[-3000:]
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (run / "report.md").is_file() and (run / "plots" / "secret-held.png").is_file()
-    kept = [p for p in run.rglob("*") if p.is_file() and not p.name.endswith(".pickle")]
-    leaks = [p.relative_to(run).as_posix() for p in kept if TOKEN.encode() in p.read_bytes()]
-    assert not leaks, leaks
-    assert "/home/***/app/engine.py:88" in (run / "verdict.json").read_text()
     escaped = verdicts(run)["escapes"]
-    text = json.dumps(escaped, ensure_ascii=False)
-    assert "\\x1b[2J" in text and not CONTROL.search(json.loads(json.dumps(text))), text[:2000]
-    assert "[[...]]" not in text
+    live = [s for s in strings(escaped) if CONTROL.search(s)]
+    assert not live, live[:3]
+    text = json.dumps(escaped)
+    assert "\\\\x1b[2J" in text and "[[...]]" not in text, text[:2000]  # the escape as visible text
+    assert (run / "plots" / "escapes-held.png").is_file()
+
+
+def test_p9_a_run_says_profiler_failed_for_a_failed_start_profile(masked_run: tuple[Path, Any]) -> None:
+    run, proc = masked_run
     start = diagnosis(run, "start-500")
     assert start["outcome"] == "profiler failed" and start["why_none"] == \
         "no allocator snapshot: POST /start_profile answered 500", start
+    assert "start-500/default: diagnosis pass (oom, 1 ref)" in proc.stdout + proc.stderr
 
 
 @pytest.fixture(scope="module")
