@@ -4,11 +4,11 @@
 Unpickling builds what the pickle says, and a few bytes say a lot: a 260 KB gzip of 255 MiB of NONE opcodes
 becomes a list of 255 M pointers (6.7 GB); shared lists make every walk over them long. A bound on the bytes or
 on the opcodes cannot tell that from a real snapshot: the real 34-layer Qwen-Image snapshot is 140 MB as a
-pickle, 18.7 M opcodes, ~0.8 GB once unpickled (measured: VmPeak 834 MB), and counting its opcodes in Python
-(pickletools.genops) alone takes 9 s. So the reader runs in a child whose address space is capped (RLIMIT_AS)
-and which is killed at a deadline: a bomb ends as a MemoryError there, said here in one line, and the runner's
-own memory never holds what the file built. The child runs only the readers named in READERS, in its own
-session (a Ctrl-C at the terminal is the runner's to handle), and hands back plain JSON.
+pickle, 18.7 M opcodes, ~0.8 GB once unpickled (measured: VmPeak 764 MB; the expandable one 834 MB), and
+counting its opcodes in Python (pickletools.genops) alone takes 9 s. So the reader runs in a child whose address
+space is capped (RLIMIT_AS) and which is killed at a deadline: a bomb ends as a MemoryError there, said here in
+one line, and the runner's own memory never holds what the file built. The child runs only the readers named in
+READERS, in its own session (a Ctrl-C at the terminal is the runner's to handle), and hands back plain JSON.
 """
 
 from __future__ import annotations
