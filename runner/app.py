@@ -11,6 +11,7 @@ stopped, records kept, a partial report written, the exact resume command printe
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
 import shlex
 import sys
@@ -24,6 +25,7 @@ from runner.core.errors import UserError
 from runner.core.records import SCHEMA_VERSION, RecordError, RunRecord
 from runner.core.records import load as load_record
 from runner.core.registry import BACKENDS, load
+from runner.core.secrets import resolved_values
 from runner.core.units import slug
 from runner.plan import inputs, preflight
 from runner.plan.lanes import Plan, make_plan, sends_text
@@ -189,10 +191,13 @@ def finish(store: RunStore, matrix: Matrix, *, rescore: bool = True) -> list:
         wall = None
     capacities = {c.name: round(c.vram_gib * GIB) for c in matrix.cards.values()}
     allocator = allocator_pairs((f.name, f.args, f.env) for f in matrix.flags.values())
+    # What the runner resolved into the servers' environments: masked in every text a snapshot gives.
+    secrets = dict.fromkeys(v for s in make_plan(matrix).sessions if s.server is not None
+                            for v in resolved_values(s.server.env, os.environ))
     verdicts = decide_all(steps, sessions, matrix.verdict, list(dict.fromkeys(s.card for s in steps)), wall,
                           capacities, allocator,
                           diagnose.readings(store, {c.name: matrix.servers[c.server].own_packages
-                                                    for c in matrix.cards.values()}))
+                                                    for c in matrix.cards.values()}, secrets))
     # A baseline cell on a card with another server: the report says its scores compare two servers.
     verdicts = [replace(v, notes=(*v.notes, note)) if (note := baseline.cell_mismatch(matrix, v.card)) else v
                 for v in verdicts]

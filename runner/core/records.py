@@ -391,7 +391,9 @@ class DiagnosisRecord(Record):
     start_s: float | None = Field(default=None, description="start to ready (None: it never became ready)")
     request_s: float | None = Field(default=None, description="/start_profile to /stop_profile's answer")
     total_s: float = Field(ge=0, description="the whole pass: start, request, stop")
-    outcome: str = Field(description="what the request did: 'oom', 'served', 'oom at load', or the failure")
+    outcome: str = Field(description="what the request did: 'oom', 'served', 'oom at load', or the failure; "
+                                     "'profiler failed' (no request was sent under the profiler), 'failed' (the "
+                                     "pass itself failed: why_none names how)")
     snapshot: str | None = Field(default=None, description="the snapshot, relative to the run folder")
     why_none: str | None = Field(default=None, description="why there is no snapshot (one line)")
     log: str | None = None

@@ -25,10 +25,22 @@ guessed. Without any frames (history not recorded) there are no sites: "no frame
 A site is the innermost frame outside torch and the Python standard library, package-relative as the OOM
 sites are (observe/traceback: `diffusers/models/activations.py:88 in forward`). Inactive bytes are the
 segments' blocks not allocated (fragmentation: PyTorch's "reserved by PyTorch but unallocated").
+
+Untrusted input. What the pickle builds is bounded by the child it is read in (runner.observe.isolated: an
+address-space cap and a deadline; the real 34-layer snapshot is 140 MB as a pickle, 18.7 M opcodes, ~0.8 GB
+unpickled). The walk here takes a field only when it has the type a snapshot gives it — a text only when it is
+a `str` of bounded length (never `str()` of an object: a repr of shared lists is ~160 GB, of deep nesting a
+RecursionError), a figure only when it is an `int`; a frame whose filename or name is not a text is no frame.
+Sizes, addresses and line numbers of 1 PiB or more (observe/reading.py's bound for every memory figure) refuse
+the snapshot in one line. Each distinct frame list is read once (blocks that share one are not walked again) and
+at most MAX_FRAMES_WALKED frames in all. Every text that leaves (a site, a function, a part's name) is masked
+with the server's resolved secrets and made inert (control characters, bidi and line breaks as visible escapes)
+here, where it enters; report.md and the plots escape their own markup on the way out.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import io
 import pickle
@@ -36,15 +48,26 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from runner.observe import quote
+from runner.observe.reading import MAX_BYTES
 from runner.observe.traceback import FRAMEWORKS, SERVER_PACKAGES, STDLIB, package_path
 
-MAX_FILE_BYTES = 256 * 2**20  # the real 34-layer Qwen-Image snapshot: 1.9 MB gzipped, 21 MB unpickled
+# The file, and its bytes once gunzipped. The real 34-layer Qwen-Image snapshot: 1.9 MB gzipped, 140 MB as a
+# pickle; torch's _dump_snapshot writes it uncompressed.
+MAX_FILE_BYTES = 256 * 2**20
 MAX_BLOCKS = 200_000
 MAX_EVENTS = 1_000_000
 MAX_FRAMES = 64  # per block or event, innermost first
+MAX_FRAMES_WALKED = 4_000_000  # in all, each distinct frame list counted once (the real snapshots: 1.6 M)
+MAX_TEXT = 4096  # characters of a frame's filename or name, or of a part's name (real ones: under 100)
+MAX_SITES = 2000  # (site, function, phase, part) groups kept, largest first (the real snapshots: 45)
+MAX_TIME_US = 2**63  # the trace's clock (microseconds since the epoch: ~1.8e15, above MAX_BYTES)
+SITE_CHARS, NAME_CHARS = 500, 200  # of a site and of a function or part name, as kept
 NO_FRAMES = "no frames recorded"
 NO_SITE = "no frame outside torch"
 GZIP_MAGIC = b"\x1f\x8b"
+
+Frame = tuple[str, int, str]  # (filename, line, function name)
 
 
 class SnapshotError(ValueError):
@@ -86,6 +109,8 @@ def load(data: bytes, max_bytes: int = MAX_FILE_BYTES) -> dict[str, Any]:
     try:
         obj = _NoGlobals(io.BytesIO(data)).load()
     except SnapshotError:
+        raise
+    except MemoryError:
         raise
     except Exception as exc:  # any malformed pickle: a truncated stream, a bad opcode, a stack error
         raise SnapshotError(f"not a pickle: {type(exc).__name__}: {str(exc)[:200]}") from None
@@ -136,23 +161,74 @@ class Held:
 @dataclass(frozen=True)
 class _Block:
     size: int
-    frames: tuple[tuple[str, int, str], ...]
+    frames: tuple[Frame, ...]
     resident: bool | None
     metadata: str = ""
 
 
-def _int(v: Any) -> int:
-    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
+def _figure(v: Any, what: str, bound: int = MAX_BYTES) -> int:
+    """An int field of the snapshot (0 when absent, not an int, or negative); SnapshotError at the bound."""
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        return 0
+    if v >= bound:  # never formatted: a 5000-digit int cannot even become text
+        beyond = "any clock" if bound == MAX_TIME_US else "any memory (1 PiB or more)"
+        raise SnapshotError(f"refused: a {what} beyond {beyond}; not a snapshot PyTorch wrote")
+    return v
 
 
-def _frames(raw: Any) -> tuple[tuple[str, int, str], ...]:
-    if not isinstance(raw, list | tuple):
-        return ()
-    out = []
-    for f in raw[:MAX_FRAMES]:
-        if isinstance(f, dict):
-            out.append((str(f.get("filename", ""))[:500], _int(f.get("line")), str(f.get("name", ""))[:200]))
-    return tuple(out)
+class _Walk:
+    """One snapshot's walk: texts taken only as `str` and masked, figures bounded, frame lists read once each
+    (by identity: the pickle's shared lists are one list here) and at most MAX_FRAMES_WALKED frames in all."""
+
+    def __init__(self, secrets: Iterable[str], own: tuple[str, ...]) -> None:
+        self.secrets = tuple(sorted({s for s in secrets if len(s) >= quote.MIN_SECRET}, key=len, reverse=True))
+        self.own = own
+        self.walked = 0
+        self.cut = False
+        self._frames: dict[int, tuple[Frame, ...]] = {}
+        self._sites: dict[int, tuple[str, str | None]] = {}
+        self._masked: dict[str, str] = {}
+
+    def text(self, v: Any) -> str | None:
+        """A field that is a str of at most MAX_TEXT characters, its secrets masked; else None."""
+        if not isinstance(v, str) or len(v) > MAX_TEXT:
+            return None
+        if not self.secrets:
+            return v
+        out = self._masked.get(v)
+        if out is None:
+            out = quote.mask(v, self.secrets)
+            self._masked[v] = out
+        return out
+
+    def metadata(self, v: Any) -> str:
+        return self.text(v) or ""
+
+    def frames(self, raw: Any) -> tuple[Frame, ...]:
+        if not isinstance(raw, list | tuple):
+            return ()
+        known = self._frames.get(id(raw))
+        if known is not None:
+            return known
+        if self.walked >= MAX_FRAMES_WALKED:
+            self.cut = True
+            return ()
+        out = []
+        for f in raw[:MAX_FRAMES]:
+            self.walked += 1
+            if not isinstance(f, dict):
+                continue
+            path, name = self.text(f.get("filename")), self.text(f.get("name"))
+            if path is not None and name is not None:  # a frame without both texts is no frame
+                out.append((path, _figure(f.get("line"), "line number"), name))
+        self._frames[id(raw)] = got = tuple(out)
+        return got
+
+    def site(self, frames: tuple[Frame, ...]) -> tuple[str, str | None]:
+        known = self._sites.get(id(frames))
+        if known is None:
+            self._sites[id(frames)] = known = site_of(frames, self.own)
+        return known
 
 
 def _outside_torch(path: str) -> bool:
@@ -164,8 +240,7 @@ def _outside_torch(path: str) -> bool:
     return any(d in path for d in ("site-packages", "dist-packages")) or not STDLIB.search(path.replace("\\", "/"))
 
 
-def site_of(frames: Sequence[tuple[str, int, str]], own: tuple[str, ...] = SERVER_PACKAGES
-            ) -> tuple[str, str | None]:
+def site_of(frames: Sequence[Frame], own: tuple[str, ...] = SERVER_PACKAGES) -> tuple[str, str | None]:
     """(site, function): the innermost frame outside torch and the standard library (frames innermost first),
     package-relative as an OOM's site is (`own`: the server's and the model's packages, however installed)."""
     if not frames:
@@ -192,7 +267,7 @@ def _segments(snap: Mapping[str, Any]) -> list[dict[str, Any]]:
 def _seg_blocks(segments: Iterable[Mapping[str, Any]]) -> Iterable[tuple[int, Mapping[str, Any]]]:
     n = 0
     for seg in segments:
-        addr = _int(seg.get("address"))
+        addr = _figure(seg.get("address"), "segment address")
         blocks = seg.get("blocks")
         if not isinstance(blocks, list):
             continue
@@ -201,11 +276,15 @@ def _seg_blocks(segments: Iterable[Mapping[str, Any]]) -> Iterable[tuple[int, Ma
                 return
             if isinstance(b, dict):
                 n += 1
-                yield _int(b.get("address")) or addr, b
-                addr += _int(b.get("size"))
+                yield _figure(b.get("address"), "block address") or addr, b
+                addr += _figure(b.get("size"), "block size")
 
 
-def _live_from_segments(segments: list[dict[str, Any]], trace_allocs: Mapping[int, tuple[int, str]],
+def _time(e: Mapping[str, Any]) -> int:
+    return _figure(e.get("time_us"), "trace time", MAX_TIME_US)
+
+
+def _live_from_segments(walk: _Walk, segments: list[dict[str, Any]], trace_allocs: Mapping[int, tuple[int, str]],
                         began_us: int | None, traced: bool, covers_start: bool) -> list[_Block]:
     out = []
     for addr, b in _seg_blocks(segments):
@@ -220,35 +299,36 @@ def _live_from_segments(segments: list[dict[str, Any]], trace_allocs: Mapping[in
             resident = alloc[0] < began_us
         else:  # the trace began with the request (history cleared at its start), unless it covers the process
             resident = None if covers_start else False
-        out.append(_Block(_int(b.get("size")), _frames(b.get("frames")), resident, alloc[1] if alloc else ""))
+        out.append(_Block(_figure(b.get("size"), "block size"), walk.frames(b.get("frames")), resident,
+                          alloc[1] if alloc else ""))
     return out
 
 
-def _replay(events: list[dict[str, Any]], oom_at: int, segments: list[dict[str, Any]],
+def _replay(walk: _Walk, events: list[dict[str, Any]], oom_at: int, segments: list[dict[str, Any]],
             began_us: int | None, covers_start: bool) -> list[_Block]:
     """The live blocks at events[oom_at] (the oom event): the trace's allocations not freed before it, plus
     the blocks alive before the trace began."""
     live: dict[int, _Block] = {}
     freed_before: set[int] = set()  # pre-trace blocks freed before the OOM
     for e in events[:oom_at]:
-        addr, action = _int(e.get("addr")), e.get("action")
+        addr, action = _figure(e.get("addr"), "trace address"), e.get("action")
         if action == "alloc":
-            t = _int(e.get("time_us"))
+            t = _time(e)
             resident = (t < began_us) if began_us is not None else (None if covers_start else False)
-            live[addr] = _Block(_int(e.get("size")), _frames(e.get("frames")), resident,
-                                str(e.get("user_metadata", ""))[:200])
+            live[addr] = _Block(_figure(e.get("size"), "trace size"), walk.frames(e.get("frames")), resident,
+                                walk.metadata(e.get("user_metadata")))
         elif action == "free_completed" and live.pop(addr, None) is None:
             freed_before.add(addr)
-    allocated_in_trace = {_int(e.get("addr")) for e in events if e.get("action") == "alloc"}
+    allocated_in_trace = {_figure(e.get("addr"), "trace address") for e in events if e.get("action") == "alloc"}
     pre: list[_Block] = []
     for e in events[oom_at + 1:]:  # pre-trace blocks alive at the OOM and freed after it: size only
-        addr = _int(e.get("addr"))
+        addr = _figure(e.get("addr"), "trace address")
         if e.get("action") == "free_completed" and addr not in allocated_in_trace and addr not in freed_before:
-            pre.append(_Block(_int(e.get("size")), (), True))
+            pre.append(_Block(_figure(e.get("size"), "trace size"), (), True))
             freed_before.add(addr)
     for addr, b in _seg_blocks(segments):  # pre-trace blocks still alive at the snapshot
         if b.get("state") == "active_allocated" and addr not in allocated_in_trace and addr not in freed_before:
-            pre.append(_Block(_int(b.get("size")), _frames(b.get("frames")), True))
+            pre.append(_Block(_figure(b.get("size"), "block size"), walk.frames(b.get("frames")), True))
     return [*pre, *live.values()]
 
 
@@ -259,17 +339,24 @@ def _peak(events: list[dict[str, Any]]) -> int | None:
     for i, e in enumerate(events):
         action = e.get("action")
         if action == "alloc":
-            live += _int(e.get("size"))
+            live += _figure(e.get("size"), "trace size")
         elif action == "free_completed":
-            live -= _int(e.get("size"))
+            live -= _figure(e.get("size"), "trace size")
         if live > best:
             best, at = live, i
     return at if at is not None and at < len(events) - 1 and live < best else None
 
 
+def _shown(text: str, secrets: tuple[str, ...], limit: int) -> str:
+    """A snapshot's text as it may be kept and shown: masked, one inert line, bounded."""
+    return quote.console(quote.server_text(text, secrets, limit))
+
+
 def read(snap: Mapping[str, Any], request_began_us: int | None = None,
-         own: tuple[str, ...] = SERVER_PACKAGES) -> Held:
-    """What held the memory at the snapshot's OOM (or at the snapshot, when its trace holds no OOM)."""
+         own: tuple[str, ...] = SERVER_PACKAGES, secrets: Iterable[str] = ()) -> Held:
+    """What held the memory at the snapshot's OOM (or at the snapshot, when its trace holds no OOM).
+    `secrets`: the values the runner resolved into the server's environment, masked in every text kept."""
+    walk = _Walk(secrets, own)
     segments = _segments(snap)
     events = _events(snap)
     oom_at = next((i for i in range(len(events) - 1, -1, -1) if events[i].get("action") == "oom"), None)
@@ -278,32 +365,35 @@ def read(snap: Mapping[str, Any], request_began_us: int | None = None,
     trace_allocs: dict[int, tuple[int, str]] = {}
     for e in events:
         if e.get("action") == "alloc":
-            trace_allocs[_int(e.get("addr"))] = (_int(e.get("time_us")), str(e.get("user_metadata", ""))[:200])
+            trace_allocs[_figure(e.get("addr"), "trace address")] = (_time(e), walk.metadata(e.get("user_metadata")))
     # A trace that began with the process (every live block has its alloc in it, the weights too) cannot tell
     # by itself where the request began: only a given start can. A history cleared at the request's start
     # (vLLM-Omni's /start_profile) leaves the blocks allocated before it without an alloc event.
     live_addrs = [a for a, b in _seg_blocks(segments) if b.get("state") == "active_allocated"]
     covers_start = (traced and request_began_us is None and bool(live_addrs)
                     and all(a in trace_allocs for a in live_addrs))
-    tried = _int(events[oom_at].get("size")) if oom_at is not None else None
-    reserved = sum(_int(s.get("total_size")) for s in segments)
-    inactive: int | None = sum(_int(b.get("size")) for _, b in _seg_blocks(segments) if b.get("state") == "inactive")
+    tried = _figure(events[oom_at].get("size"), "trace size") if oom_at is not None else None
+    reserved = sum(_figure(s.get("total_size"), "segment size") for s in segments)
+    inactive: int | None = sum(_figure(b.get("size"), "block size") for _, b in _seg_blocks(segments)
+                               if b.get("state") == "inactive")
     peak_at = _peak(events) if oom_at is None else None
     if peak_at is not None:  # no OOM: the live blocks at the trace's high point, not what outlived the request
         exact = "trace replayed to the peak"
         marked = [*events[:peak_at + 1], {"action": "peak"}, *events[peak_at + 1:]]
-        blocks = _replay(marked, peak_at + 1, segments, request_began_us, covers_start)
+        blocks = _replay(walk, marked, peak_at + 1, segments, request_began_us, covers_start)
         inactive = None
     elif oom_at is None or oom_at == len(events) - 1:
         exact = "segments at the oom" if oom_at is not None else "segments"
-        blocks = _live_from_segments(segments, trace_allocs, request_began_us, traced, covers_start)
+        blocks = _live_from_segments(walk, segments, trace_allocs, request_began_us, traced, covers_start)
     else:
         exact = "trace replayed to the oom"
-        blocks = _replay(events, oom_at, segments, request_began_us, covers_start)
+        blocks = _replay(walk, events, oom_at, segments, request_began_us, covers_start)
         inactive = None
         notes.append("the snapshot was taken after the OOM: the live blocks come from the trace replayed to the "
                      "oom event; the segments' inactive bytes at the OOM are not known")
     frames = any(b.frames for b in blocks)
+    if walk.cut:
+        notes.append(f"more than {MAX_FRAMES_WALKED:,} frames: the blocks past them are read without their frames")
     if blocks and not frames:
         notes.append(NO_FRAMES + " (the allocator's history was off): no sites")
     split_known = all(b.resident is not None for b in blocks)
@@ -316,7 +406,7 @@ def read(snap: Mapping[str, Any], request_began_us: int | None = None,
     named: dict[tuple[str, str], list[int]] = {}
     for b in blocks:
         phase = "unknown" if not split_known else ("resident" if b.resident else "request")
-        site, function = site_of(b.frames, own)
+        site, function = walk.site(b.frames)
         acc = by.setdefault((site, function, phase, b.metadata or None), [0, 0])
         acc[0] += b.size
         acc[1] += 1
@@ -326,22 +416,51 @@ def read(snap: Mapping[str, Any], request_began_us: int | None = None,
             n[1] += 1
     active = sum(b.size for b in blocks)
     resident = sum(b.size for b in blocks if b.resident) if split_known else None
+    if max(active, reserved, inactive or 0) >= MAX_BYTES:
+        raise SnapshotError("refused: its blocks add up to more than any memory (1 PiB or more); not a snapshot "
+                            "PyTorch wrote")
+    if len(by) > MAX_SITES:
+        notes.append(f"{len(by) - MAX_SITES:,} smaller sites left out of the list (their bytes are in the totals)")
     settings = snap.get("allocator_settings")
     expandable = settings.get("expandable_segments") if isinstance(settings, dict) else None
+    s = walk.secrets
+    sites = sorted(by.items(), key=lambda kv: (-kv[1][0], kv[0][0]))[:MAX_SITES]
+    parts = sorted(named.items(), key=lambda kv: -kv[1][0])[:MAX_SITES]
     return Held(at="oom" if oom_at is not None else "snapshot", exact=exact, active_bytes=active,
                 resident_bytes=resident, request_bytes=None if resident is None else active - resident,
                 inactive_bytes=inactive, reserved_bytes=reserved, segments=len(segments), blocks=len(blocks),
                 tried_bytes=tried, frames=frames,
-                by_site=tuple(sorted((Site(s, f, p, v[0], v[1], m) for (s, f, p, m), v in by.items()),
-                                     key=lambda x: (-x.bytes, x.site))),
-                named=tuple(sorted((Named(n, p, v[0], v[1]) for (n, p), v in named.items()), key=lambda x: -x.bytes)),
+                by_site=tuple(Site(_shown(site, s, SITE_CHARS), None if f is None else _shown(f, s, NAME_CHARS), p,
+                                   v[0], v[1], None if m is None else _shown(m, s, NAME_CHARS))
+                              for (site, f, p, m), v in sites),
+                named=tuple(Named(_shown(n, s, NAME_CHARS), p, v[0], v[1]) for (n, p), v in parts),
                 expandable_segments=expandable if isinstance(expandable, bool) else None, notes=tuple(notes))
 
 
-def read_bytes(data: bytes, request_began_us: int | None = None, own: tuple[str, ...] = SERVER_PACKAGES) -> Held:
-    """load + read, for a snapshot file's bytes (SnapshotError: one line why not)."""
+def read_bytes(data: bytes, request_began_us: int | None = None, own: tuple[str, ...] = SERVER_PACKAGES,
+               secrets: Iterable[str] = ()) -> Held:
+    """load + read, for a snapshot file's bytes (SnapshotError: one line why not, whatever went wrong)."""
     snap = load(data)
     try:
-        return read(snap, request_began_us, own)
-    except (TypeError, KeyError, AttributeError) as exc:  # plain data of an unexpected shape
-        raise SnapshotError(f"not an allocator snapshot: {type(exc).__name__}: {str(exc)[:200]}") from None
+        return read(snap, request_began_us, own, secrets)
+    except (SnapshotError, MemoryError):
+        raise
+    except Exception as exc:  # plain data of a shape no snapshot has, however it failed: one line, never a traceback
+        raise SnapshotError(f"not an allocator snapshot: {type(exc).__name__}") from None
+
+
+def to_json(held: Held) -> dict[str, Any]:
+    """A reading as plain JSON (what the isolated reader hands back)."""
+    return dataclasses.asdict(held)
+
+
+def from_json(doc: Mapping[str, Any]) -> Held:
+    """to_json's inverse (the runner's own child wrote it)."""
+    return Held(**{**doc, "by_site": tuple(Site(**s) for s in doc["by_site"]),
+                   "named": tuple(Named(**n) for n in doc["named"]), "notes": tuple(doc["notes"])})
+
+
+def read_json(data: bytes, request_began_us: int | None = None, own: Sequence[str] = SERVER_PACKAGES,
+              secrets: Sequence[str] = ()) -> dict[str, Any]:
+    """read_bytes for the isolated reader (runner.observe.isolated): bytes in, JSON out."""
+    return to_json(read_bytes(data, request_began_us, tuple(own), tuple(secrets)))

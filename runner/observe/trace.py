@@ -7,13 +7,16 @@ events are a reading of their own: each allocation or free the profiler saw, wit
 (`Total Allocated`) on its device. That reading has no sites and sees only the thread that started the profiler
 and what was allocated after it started; it is labelled as such wherever it is shown.
 
-Untrusted input, bounded like a snapshot (its bounded gunzip): the file's size, its inflated size, the events
-walked; each figure validated as every memory figure is (observe/reading.py).
+Untrusted input, bounded like a snapshot: the file opened as runner.observe.server_file opens one and read in
+the bounded child of runner.observe.isolated (a JSON of nested arrays builds as much as a pickle does); its
+size, its inflated size (the bounded gunzip), the events walked; each figure validated as every memory figure
+is (observe/reading.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from dataclasses import dataclass
 
@@ -67,3 +70,8 @@ def read_bytes(data: bytes) -> TraceMemory:
     device = ("unknown" if not types else
               " and ".join(DEVICE_TYPES.get(t, f"device type {t}") for t in sorted(types)[:3]))
     return TraceMemory(events=count, peak_allocated=peak, device=device)
+
+
+def read_json(data: bytes) -> dict[str, object]:
+    """read_bytes for the isolated reader (runner.observe.isolated): bytes in, JSON out."""
+    return dataclasses.asdict(read_bytes(data))

@@ -41,8 +41,10 @@ server or framework package folder (`…/src/vllm-omni/vllm_omni/diffusion/model
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
-from runner.core.records import Frame
+if TYPE_CHECKING:  # imported where a Frame is made: the isolated snapshot reader needs no pydantic (0.1 s a child)
+    from runner.core.records import Frame
 
 # What the runner knows as the servers it drives: vLLM-Omni and the reference server (package `runner`).
 SERVER_PACKAGES = ("vllm_omni", "runner")
@@ -201,6 +203,8 @@ def is_own(path: str, own: tuple[str, ...] = SERVER_PACKAGES) -> bool:
 def site_of(frames: Frames, own: tuple[str, ...] = SERVER_PACKAGES
             ) -> tuple[str | None, str | None, tuple[Frame, ...], str | None]:
     """(site, function, evidence frames innermost first, why no site) for a traceback's frames."""
+    from runner.core.records import Frame
+
     hook = next((i for i, (_, _, f, _) in enumerate(frames) if f in DISPATCH_HOOKS), len(frames))
     made = [Frame(path=package_path(p, own)[0], line=n, function=f, code=c, own=i < hook and is_own(p, own))
             for i, (p, n, f, c) in enumerate(frames)]

@@ -446,9 +446,10 @@ def _shown_sites(h: HeldMemory) -> list[HeldSite]:
 
 
 def _site_name(s: HeldSite) -> str:
-    """A part the server named (weights onloaded for the request, its conditioning cache) says so first."""
+    """A part the server named (weights onloaded for the request, its conditioning cache) says so first. A
+    snapshot's text: its `$` escaped, or matplotlib reads `$…$` as mathtext (a malformed one fails the plot)."""
     where = f"{s.site} in {s.function}" if s.function else s.site
-    return f"{s.part}: {where}" if s.part else where
+    return (f"{s.part}: {where}" if s.part else where).replace("$", r"\$")
 
 
 def _held_bars(ax: Axes, held: Sequence[tuple[str, HeldMemory]], div: float, lo: float, hi: float,

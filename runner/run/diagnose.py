@@ -12,27 +12,30 @@ one line in the record (`why_none`), never invented sites.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import os
+import stat
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
 
 from runner import backends
-from runner.backends.base import Attempt, StartFailed
+from runner.backends.base import Attempt, StartFailed, StartInterrupted
 from runner.core.records import DiagnosisRecord, FailureClass, SessionRecord, Status, StepRecord
 from runner.core.registry import BACKENDS, load
 from runner.core.units import fmt_bytes, slug
 from runner.judge.findings.held import Reading
 from runner.judge.findings.memory import deciding_oom
-from runner.observe import bounded, snapshot, trace
+from runner.observe import bounded, isolated, quote, server_file, snapshot, trace
 from runner.observe.traceback import SERVER_PACKAGES
 from runner.plan.lanes import Session, Step
 from runner.run import dialects
-from runner.run.store import inside
+from runner.run.interrupts import Abandoned, interruptible
 
 DIAGNOSIS = "diagnosis.json"
 FOLDER = "diagnosis"
@@ -71,31 +74,57 @@ def targets(mode: str, session: Session, steps: list[StepRecord], record: Sessio
     return out
 
 
-def _written(folder: Path, pattern: str) -> list[Path]:
-    """The files named like `pattern` the server wrote under its profiler folder, newest first (a bounded walk)."""
-    found: list[Path] = []
+def _written(folder: Path, pattern: str) -> list[tuple[Path, os.stat_result]]:
+    """What the server wrote under its profiler folder named like `pattern` (files, links, FIFOs, folders: each
+    with its own lstat, never followed), newest first; a bounded walk that never descends into a link, and
+    an entry that is gone by the time it is looked at is left out (a dangling link is listed: it is refused)."""
+    found: list[tuple[Path, os.stat_result]] = []
     for root, dirs, files in os.walk(folder):
         dirs[:] = sorted(dirs)[:MAX_SNAPSHOTS]
-        found += [Path(root) / f for f in files if fnmatch.fnmatchcase(f, pattern)]
+        for name in sorted([*files, *dirs]):
+            if fnmatch.fnmatchcase(name, pattern):
+                with contextlib.suppress(OSError):
+                    found.append((Path(root) / name, os.lstat(Path(root) / name)))
         if len(found) >= MAX_SNAPSHOTS:
             break
-    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+    return sorted(found, key=lambda x: x[1].st_mtime, reverse=True)
 
 
-def _trace_reading(path: Path) -> tuple[trace.TraceMemory | None, str]:
-    """The trace's memory events, or None and why not (one line)."""
+def taken(found: Iterable[tuple[Path, os.stat_result]], root: Path, secrets: Iterable[str] = ()
+          ) -> tuple[str | None, str | None]:
+    """(the newest regular file with a plain name, relative to the run folder, or None; why none was taken,
+    when something was found): a link, a FIFO, a folder, a name with control characters or a secret is
+    refused here, before any record names it (pure)."""
+    refused: list[str] = []
+    for path, info in found:
+        rel = path.relative_to(root).as_posix()
+        if not stat.S_ISREG(info.st_mode):
+            refused.append(f"{quote.console(quote.server_text(path.name, secrets, 200))} is "
+                           f"{server_file.kind(info.st_mode)}, not a regular file")
+        elif not server_file.plain_name(rel, secrets):
+            refused.append("its name is not plain text (control characters, spaces, markup or a secret)")
+        else:
+            return rel, None
+    return None, (f"what the server wrote was not taken: {refused[0]}" if refused else None)
+
+
+def _trace_reading(root: Path, relative: str) -> tuple[trace.TraceMemory | None, str]:
+    """The trace's memory events (read as a snapshot is: runner.observe.server_file, isolated), or None and
+    why not (one line)."""
+    name = relative.rsplit("/", 1)[-1]
     try:
-        if path.is_symlink() or not path.is_file() or path.stat().st_size > trace.MAX_FILE_BYTES:
-            raise trace.TraceError("not a regular file within the size bound")
-        return trace.read_bytes(path.read_bytes()), ""
-    except (OSError, trace.TraceError) as exc:
-        return None, f"its trace {path.name} not read: {exc}"
+        data = server_file.read(root, relative, trace.MAX_FILE_BYTES)
+        return trace.TraceMemory(**isolated.read("trace", data, {}, trace.TraceError)), ""
+    except ValueError as exc:  # NotRead, TraceError
+        return None, f"its trace {name} not read: {exc}"
 
 
-def _control(client: httpx.Client, base: str, path: str) -> str | None:
-    """POST a profiler endpoint; None when it answered 2xx, else why not (one line)."""
+def _control(client: httpx.Client, base: str, path: str, stop: threading.Event) -> str | None:
+    """POST a profiler endpoint; None when it answered 2xx, else why not (one line). Interruptible as a
+    measured send is: Abandoned as soon as the run is stopped."""
     try:
-        answer = bounded.exchange(client, "POST", base + path, deadline_s=CONTROL_TIMEOUT_S, max_bytes=64 * 1024)
+        answer = interruptible(lambda: bounded.exchange(client, "POST", base + path, deadline_s=CONTROL_TIMEOUT_S,
+                                                        max_bytes=64 * 1024), stop)
     except (bounded.Overdue, bounded.TooLarge, httpx.HTTPError) as exc:
         return f"POST {path}: {type(exc).__name__}"
     return None if 200 <= answer.status < 300 else f"POST {path} answered {answer.status}"
@@ -103,7 +132,9 @@ def _control(client: httpx.Client, base: str, path: str) -> str | None:
 
 def run_target(session_runner: object, target: Target) -> DiagnosisRecord:
     """One diagnosis pass (side effects: a server start, three requests, files). `session_runner` is the
-    session's execute.SessionRunner (its plan, store, references and request building)."""
+    session's execute.SessionRunner (its plan, store, references and request building). Whatever fails in it
+    is the record's outcome and `why_none`; an interrupt is Abandoned (nothing to record: a resume runs the
+    pass again)."""
     from runner.run.execute import SessionRunner
 
     assert isinstance(session_runner, SessionRunner)
@@ -118,7 +149,7 @@ def run_target(session_runner: object, target: Target) -> DiagnosisRecord:
                 references=target.step.references if target.step else None, started_at=t0)
 
     def done(**kw: object) -> DiagnosisRecord:
-        return DiagnosisRecord(**base, total_s=round(time.time() - t0, 3), **kw)  # type: ignore[arg-type]
+        return DiagnosisRecord(**base, total_s=round(time.time() - t0, 3), **kw)
 
     plan = session.server
     assert plan is not None
@@ -142,6 +173,8 @@ def run_target(session_runner: object, target: Target) -> DiagnosisRecord:
     try:
         try:
             start_s = server.launch(r.run.ready_timeout_s, stop=ctx.stop)
+        except StartInterrupted:  # the run was stopped while the server loaded: not this pass's result
+            raise Abandoned() from None
         except StartFailed as exc:
             kind = exc.failure.kind
             outcome = "oom at load" if kind == FailureClass.OOM_AT_LOAD else f"start failed: {kind}"
@@ -157,35 +190,43 @@ def run_target(session_runner: object, target: Target) -> DiagnosisRecord:
                     if prof.warm_first:  # unmeasured: it only puts the profiler's start on the serving thread
                         r.sender(client, server).send(r._request(target.step))
                     t1 = time.time()
-                    why = _control(client, server.base_url, prof.start_path)
-                    if why is None:
+                    why = _control(client, server.base_url, prof.start_path, ctx.stop)
+                    if why is not None:  # nothing was sent under the profiler: no outcome of the request
+                        outcome = "profiler failed"
+                    else:
                         sent = r.sender(client, server).send(r._request(target.step))
                         seen = r.sender(client, server).observe(sent, target.step.references)
                         outcome = ("served" if seen.failure is None else
                                    "oom" if seen.failure.kind == FailureClass.OOM else str(seen.failure.kind))
                         if server.exited() is None:
-                            why = _control(client, server.base_url, prof.stop_path)
+                            why = _control(client, server.base_url, prof.stop_path, ctx.stop)
                     request_s = round(time.time() - t1, 3)
     finally:
         server.stop()
         server.seal_log()
         ctx.live.discard(server)
-    found = _written(folder / "profile", prof.pattern)
+    log = (folder / "server.log").relative_to(ctx.store.root).as_posix()
+    kept = dict(start_s=None if start_s is None else round(start_s, 3), request_s=request_s, outcome=outcome, log=log)
+    root, secrets = ctx.store.root, server.secrets
+    found, refused = taken(_written(folder / "profile", prof.pattern), root, secrets)
     if found:
-        rel = found[0].relative_to(ctx.store.root).as_posix()
-        return done(start_s=None if start_s is None else round(start_s, 3), request_s=request_s, outcome=outcome,
-                    snapshot=rel, log=(folder / "server.log").relative_to(ctx.store.root).as_posix())
+        return done(**kept, snapshot=found)
     traced: dict[str, object] = {}
+    if why is None and refused is not None:
+        why = f"no allocator snapshot: {refused}"
     if why is None:
         why = ("no allocator snapshot: the server's port never opened at the load OOM and it wrote none (vLLM-Omni's "
                "endpoints cannot take one there)" if target.step is None else
                "no allocator snapshot: the server wrote none")
         # Where it wrote a trace instead (vLLM-Omni on a device without allocator history), its memory events are
         # a reading of their own: said as what they are, never as a snapshot's sites.
-        traces = _written(folder / "profile", prof.trace) if prof.trace and target.step is not None else []
-        if traces:
-            memory, not_read = _trace_reading(traces[0])
-            traced["trace"] = traces[0].relative_to(ctx.store.root).as_posix()
+        trace_at, not_taken = (taken(_written(folder / "profile", prof.trace), root, secrets)
+                               if prof.trace and target.step is not None else (None, None))
+        if not_taken is not None:
+            why += f"; its trace: {not_taken}"
+        if trace_at is not None:
+            memory, not_read = _trace_reading(root, trace_at)
+            traced["trace"] = trace_at
             if memory is None:
                 why += f"; {not_read}"
             elif memory.peak_allocated is None:
@@ -196,36 +237,48 @@ def run_target(session_runner: object, target: Target) -> DiagnosisRecord:
                         f"from /start_profile on, no sites) peak at {fmt_bytes(memory.peak_allocated)} allocated")
     elif not why.startswith("no allocator snapshot"):
         why = f"no allocator snapshot: {why}"
-    return done(start_s=None if start_s is None else round(start_s, 3), request_s=request_s, outcome=outcome,
-                why_none=why, log=(folder / "server.log").relative_to(ctx.store.root).as_posix(), **traced)
+    return done(**kept, why_none=quote.console(quote.server_text(why, secrets, 2000)), **traced)
+
+
+def failed(session: Session, target: Target, started_at: float, exc: BaseException) -> DiagnosisRecord:
+    """The record of a pass that failed in a way run_target did not foresee: the failure named, never a lane's end."""
+    return DiagnosisRecord(key=session.key, card=session.card, flags=session.flags, at=target.at, of=target.of,
+                           references=target.step.references if target.step else None, started_at=started_at,
+                           total_s=round(max(0.0, time.time() - started_at), 3), outcome="failed",
+                           why_none=f"no allocator snapshot: the diagnosis pass failed ({type(exc).__name__})")
 
 
 LOAD_BEGAN_US = 2**62  # a load OOM has no request: everything live was held by the load (resident)
 
 
-def readings(store: object, own: Mapping[str, tuple[str, ...]] | None = None
+def readings(store: object, own: Mapping[str, tuple[str, ...]] | None = None, secrets: Iterable[str] = ()
              ) -> dict[tuple[str, str], tuple[Reading, ...]]:
-    """Every diagnosis record's snapshot, read (runner.observe.snapshot): by (card, flags), its sites relative to
-    the card's server and model packages (`own`, by card). A snapshot that is refused or broken is its one line,
-    never a traceback."""
+    """Every diagnosis record's snapshot, read (runner.observe.snapshot, in the bounded child of
+    runner.observe.isolated, from a file opened as runner.observe.server_file opens one): by (card, flags), its
+    sites relative to the card's server and model packages (`own`, by card), `secrets` (the values resolved into
+    the servers' environments) masked in every text. Whatever goes wrong with one snapshot is its one line,
+    never a traceback and never the report's end."""
     from runner.run.store import RunStore
 
     assert isinstance(store, RunStore)
+    masked = tuple(secrets)
     out: dict[tuple[str, str], list[Reading]] = {}
     for d in store.load_diagnoses():
         held, why = None, d.why_none
         if d.snapshot is not None:
             try:
-                path = inside(store.root, d.snapshot)
-                data = path.read_bytes() if path.stat().st_size <= snapshot.MAX_FILE_BYTES else b""
-                if not data:
-                    raise snapshot.SnapshotError(f"too large: more than {snapshot.MAX_FILE_BYTES} bytes")
+                data = server_file.read(store.root, d.snapshot, snapshot.MAX_FILE_BYTES)
                 # The runner asked /start_profile (which clears the history) just before the request: the trace
                 # is the request's own (began at 0); at a load OOM everything live was the load's.
-                held = snapshot.read_bytes(data, LOAD_BEGAN_US if d.references is None and d.at == "oom" else 0,
-                                           (own or {}).get(d.card, SERVER_PACKAGES))
-            except (OSError, ValueError) as exc:  # SnapshotError is a ValueError; inside() refuses escapes
+                began = LOAD_BEGAN_US if d.references is None and d.at == "oom" else 0
+                held = snapshot.from_json(isolated.read("snapshot", data, {
+                    "request_began_us": began, "own": list((own or {}).get(d.card, SERVER_PACKAGES)),
+                    "secrets": list(masked)}, snapshot.SnapshotError))
+            except ValueError as exc:  # NotRead, SnapshotError: our one line
                 why = f"allocator snapshot {d.snapshot} not read: {exc}"
+            except Exception as exc:  # anything else: named, and the report goes on
+                why = f"allocator snapshot {d.snapshot} not read: {type(exc).__name__}"
         out.setdefault((d.card, d.flags), []).append(
-            Reading(record=d.key, at=d.at, references=d.references, file=d.snapshot, held=held, why=why))
+            Reading(record=d.key, at=d.at, references=d.references, file=d.snapshot, held=held,
+                    why=None if why is None else quote.console(quote.server_text(why, masked, 2000))))
     return {k: tuple(v) for k, v in out.items()}

@@ -619,7 +619,8 @@ def _topup_passes(ctx: RunContext, lane_name: str, refs: References, baselines: 
 
 def _diagnosis_passes(ctx: RunContext, lane_name: str, refs: References, baselines: Baselines) -> None:
     """After a lane's measured sends: the diagnosis pass (runner.run.diagnose) of each of its flag sets decided
-    by a device OOM that has none yet (a resume does not repeat one)."""
+    by a device OOM that has none yet (a resume does not repeat one; an interrupted pass is not recorded, so a
+    resume runs it)."""
     from runner.run import diagnose
 
     lane = next(x for x in ctx.plan.lanes if x.name == lane_name)
@@ -634,7 +635,13 @@ def _diagnosis_passes(ctx: RunContext, lane_name: str, refs: References, baselin
             if ctx.stop.is_set() or ctx.store.diagnosis_path(session.key, target.at, refs_sent).exists():
                 continue
             ctx.events.diagnosis_started(session.card, session.flags, target.at)
-            done = diagnose.run_target(SessionRunner(ctx, session, refs, baselines), target)
+            started = time.time()
+            try:
+                done = diagnose.run_target(SessionRunner(ctx, session, refs, baselines), target)
+            except Abandoned:  # interrupted: not recorded, so a resume runs the pass again
+                return
+            except Exception as exc:  # a pass's every failure is its record, never the lane's end
+                done = diagnose.failed(session, target, started, exc)
             ctx.store.write_diagnosis(done)
             ctx.events.diagnosis_done(done)
 

@@ -1,6 +1,6 @@
 """The allocator-snapshot reader (runner.observe.snapshot) on the three real snapshots of the real Qwen-Image
-transformer OOMing on an emulated 24 GiB card of an H200 (../shared/data/qwen-image-snapshot/, README there),
-and on hostile pickles."""
+transformer OOMing on an emulated 24 GiB card of an H200 (fixtures/qwen-image-snapshot/ beside this file, README
+there), and on hostile pickles."""
 
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ import pytest
 
 from runner.observe import snapshot as S
 
-DATA = Path(os.environ.get("RUNNER_SNAPSHOT_DATA", "/work/shared/data/qwen-image-snapshot"))
+DATA = Path(__file__).with_name("fixtures") / "qwen-image-snapshot"
 MIB, GIB = 2**20, 2**30
-needs_data = pytest.mark.skipif(not (DATA / "snapshot-default.pickle.gz").exists(), reason="no real snapshot data")
 
 
 def _probe_request_began(snap: dict) -> int:
@@ -48,7 +47,6 @@ def site(held: S.Held, where: str, function: str) -> S.Site:
     return next(s for s in held.by_site if s.site == where and s.function == function)
 
 
-@needs_data
 def test_default_allocator_resident_weights_and_the_request_mlp_activation() -> None:
     _, h = real("default")
     assert h.at == "oom" and h.exact == "segments at the oom"
@@ -69,7 +67,6 @@ def test_default_allocator_resident_weights_and_the_request_mlp_activation() -> 
     assert h.segments == 496 and h.expandable_segments is False
 
 
-@needs_data
 def test_expandable_segments_inactive_bytes() -> None:
     _, h = real("expandable")
     assert round(h.inactive_bytes / MIB, 1) == 99.6
@@ -79,7 +76,6 @@ def test_expandable_segments_inactive_bytes() -> None:
     assert h.tried_bytes == 672 * MIB
 
 
-@needs_data
 def test_without_a_known_request_start_the_split_is_unknown_not_guessed() -> None:
     _, h = real("default", began=False)
     assert h.resident_bytes is None and h.request_bytes is None
@@ -88,7 +84,6 @@ def test_without_a_known_request_start_the_split_is_unknown_not_guessed() -> Non
     assert h.active_bytes == 24_940_293_632
 
 
-@needs_data
 def test_no_history_snapshot_has_no_sites() -> None:
     _, h = real("no-history")
     assert not h.frames

@@ -12,9 +12,9 @@ REF = ROOT / "examples" / "refs" / "ref-1.png"
 
 
 def hostile_matrix(tmp: Path, name: str, cards: Mapping[str, str], *, request_timeout_s: float = 10,
-                   ready_timeout_s: float = 20, token_env: bool = False) -> Path:
-    """tmp/matrix.toml: card (and server) NAME -> hostile.py --mode MODE, one seed, one reference, results under
-    tmp/results; `token_env` passes HF_TOKEN through to the servers (for the masking tests)."""
+                   ready_timeout_s: float = 20, token_env: bool = False, script: Path = HOSTILE) -> Path:
+    """tmp/matrix.toml: card (and server) NAME -> `script` (hostile.py) --mode MODE, one seed, one reference,
+    results under tmp/results; `token_env` passes HF_TOKEN through to the servers (for the masking tests)."""
     env = '\nenv = { HF_TOKEN = "${HF_TOKEN}" }' if token_env else ""
     parts = [f"""
         [run]
@@ -41,7 +41,7 @@ def hostile_matrix(tmp: Path, name: str, cards: Mapping[str, str], *, request_ti
         """]
     parts += [textwrap.dedent(f"""
         [servers.{card}]
-        command = ["{{python}}", "{HOSTILE}", "--port", "{{port}}", "--mode", "{mode}"]""") + env + textwrap.dedent(f"""
+        command = ["{{python}}", "{script}", "--port", "{{port}}", "--mode", "{mode}"]""") + env + textwrap.dedent(f"""
 
         [cards.{card}]
         server = "{card}"
