@@ -15,6 +15,7 @@ findings' cost on a 10,000-request soak record.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import subprocess
@@ -78,7 +79,7 @@ def real_soak(requests: int, size: str, steps: int, quiet: float) -> None:
         (run_dir,) = Path(tmp).glob("soak-bench-*")
         lines = (run_dir / "cpu" / "default" / "soak" / "requests.jsonl").read_text().splitlines()
         done = [json.loads(line) for line in lines]
-    gaps = [(b["started_at"] - a["started_at"]) - a["wall_s"] for a, b in zip(done, done[1:], strict=False)]
+    gaps = [(b["started_at"] - a["started_at"]) - a["wall_s"] for a, b in itertools.pairwise(done)]
     walls = [d["wall_s"] for d in done]
     wall, gap = statistics.mean(walls), statistics.mean(gaps)
     print(f"real soak: {len(done)} requests at {size}, {steps} steps (whole run {total:.1f} s)")
