@@ -383,8 +383,10 @@ class DiagnosisRecord(Record):
     key: str = Field(pattern="^[^/]+/[^/]+$", description="the session key (card/flags)")
     card: str
     flags: str
-    at: Literal["oom", "peak"] = Field(description="oom: the deciding OOM's request (or load); peak: the last "
-                                                   "served reference count (diagnosis = always)")
+    at: Literal["oom", "peak", "kept"] = Field(description="oom: the deciding OOM's request (or load); peak: the last "
+                                                           "served reference count (diagnosis = always); kept: the "
+                                                           "highest served count's request of a flag set whose level "
+                                                           "grew after its requests (what stays live after it)")
     of: str = Field(description="the record it repeats: a step key, or the session key for a load OOM")
     references: int | None = Field(default=None, description="the reference count sent; None at load")
     started_at: float

@@ -370,6 +370,16 @@ def retention_sentence(flags: str, r: Retention | None, speed: CachedSpeed | Non
             above = "" if r.last_floor_bytes is None or r.load_bytes is None else \
                 f"; {size(r.last_floor_bytes - r.load_bytes)} above the load level after the last request"
             parts.append(f"cannot tell what stays after a request: {md(r.why or 'no reading')} ({src}{above})")
+    if r is not None and r.kept_bytes is not None:
+        where = ", ".join(f"{size(x.bytes)} at {code(x.site)}" + (f" in {code(x.function)}" if x.function else "")
+                          for x in r.kept_sites[:3])
+        each = "" if not r.kept_references else f" ({size(r.kept_bytes // r.kept_references)} per reference)"
+        parts.append(f"its {refs_text(r.kept_references)} request, under the allocator's history (the diagnosis "
+                     f"pass), left {size(r.kept_bytes)} it allocated live at its end{each}"
+                     + (f": {where}" if where else ""))
+    elif r is not None and r.kept_why is not None:
+        parts.append(f"what stays live after its {refs_text(r.kept_references)} request is not known by site: "
+                     f"{md(clip(r.kept_why, 300))}")
     if speed is not None and speed.pairs and speed.ratio is not None:
         figures = f"cold {fmt_s(speed.cold_s)} s, cached {fmt_s(speed.cached_s)} s, {speed.pairs} reference count(s)"
         if speed.faster:

@@ -31,6 +31,7 @@ from runner.core.registry import BACKENDS, load
 from runner.core.units import fmt_bytes, slug
 from runner.judge.findings.held import Reading
 from runner.judge.findings.memory import deciding_oom
+from runner.judge.findings.retention import KEEPS, retention
 from runner.observe import bounded, isolated, quote, server_file, snapshot, trace
 from runner.observe.traceback import SERVER_PACKAGES
 from runner.plan.lanes import Session, Step
@@ -45,15 +46,17 @@ MAX_SNAPSHOTS = 64
 
 @dataclass(frozen=True)
 class Target:
-    at: str  # "oom" | "peak"
+    at: str  # "oom" | "peak" | "kept"
     of: str  # the step key, or the session key at load
     step: Step | None  # None: a load OOM (the start itself is the diagnosis)
 
 
 def targets(mode: str, session: Session, steps: list[StepRecord], record: SessionRecord | None,
             target_references: int) -> list[Target]:
-    """What a flag set's diagnosis pass sends (pure): the deciding device OOM's request (or its load); with
-    `always` also the first step of the highest served reference count and of the lowest."""
+    """What a flag set's diagnosis pass sends (pure): the deciding device OOM's request (or its load); where the
+    level grew after its requests (runner.judge.findings.retention), the highest served count's first request, to
+    see what stays live after it; with `always` also the first step of the highest served reference count and of
+    the lowest."""
     if mode == "off":
         return []
     mine = [s for s in steps if s.card == session.card and s.flags == session.flags]
@@ -65,6 +68,12 @@ def targets(mode: str, session: Session, steps: list[StepRecord], record: Sessio
             out.append(Target("oom", oom.record, None))
         elif step is not None:
             out.append(Target("oom", oom.record, Step(step.card, step.flags, step.fixture, step.references, step.seed)))
+    kept = retention(mine, None, record.retention_probe if record is not None else None)
+    served = [s for s in mine if s.status == Status.OK]
+    if kept is not None and kept.kind in KEEPS and served:  # what its request leaves live after it, by site
+        n = max(s.references for s in served)
+        s = min((x for x in served if x.references == n), key=lambda x: (x.fixture, x.seed))
+        out.append(Target("kept", s.key, Step(s.card, s.flags, s.fixture, s.references, s.seed)))
     if mode == "always":  # the highest served count's peak, and the lowest's: which site grows per reference
         served = [s for s in mine if s.status == Status.OK]
         counts = sorted({s.references for s in served}, reverse=True)
@@ -141,7 +150,7 @@ def run_target(session_runner: object, target: Target) -> DiagnosisRecord:
     r = session_runner
     ctx, session = r.ctx, r.session
     key = session.key
-    name = "oom" if target.at == "oom" else f"peak-{target.step.references if target.step else 0}"
+    name = target.at if target.at in ("oom", "kept") else f"peak-{target.step.references if target.step else 0}"
     folder = ctx.store.session_dir(key) / FOLDER / name
     folder.mkdir(parents=True, exist_ok=True)
     t0 = time.time()

@@ -142,3 +142,32 @@ def test_no_probe_where_the_records_already_tell() -> None:
     freed = session(lambda d, s, n: 0, lambda n, cached: 1.0)
     leak = session(lambda d, s, n: s * 48 * MIB, lambda n, cached: 1.0)
     assert probe_step(freed, None) is None and probe_step(leak, None) is None
+
+
+def test_a_flag_set_whose_level_grew_gets_a_kept_pass_and_its_snapshot_names_what_stays() -> None:
+    from runner.judge.findings.held import Reading
+    from runner.judge.findings.retention import with_kept
+    from runner.observe.snapshot import Held, Site
+    from runner.plan.lanes import Session
+    from runner.run.diagnose import targets
+
+    steps = session(lambda d, s, n: d * 700 * MIB, lambda n, cached: 1.0)
+    (kept,) = targets("oom", Session("c", "f", ()), steps, None, 4)  # nothing ran out: only the kept pass
+    assert (kept.at, kept.step.references if kept.step else None) == ("kept", 4)
+    freed = session(lambda d, s, n: 0, lambda n, cached: 1.0)
+    assert targets("oom", Session("c", "f", ()), freed, None, 4) == []
+    assert targets("off", Session("c", "f", ()), steps, None, 4) == []
+    sites = (Site("diffusers/cache.py:88", "store", "request", 4 * 700 * MIB, 4),
+             Site("runner/refserver/engine.py:10", "step", "request", 3 * MIB, 1),
+             Site("diffusers/transformer.py:5", "load", "resident", 9 * 2**30, 400))
+    held = Held(at="snapshot", exact="segments", active_bytes=0, resident_bytes=9 * 2**30, request_bytes=0,
+                inactive_bytes=0, reserved_bytes=0, segments=1, blocks=405, tried_bytes=None, frames=True,
+                by_site=sites)
+    r = with_kept(retention(steps, None), [Reading("c/f", "kept", 4, "c/f/diagnosis/kept/s.pickle", held, None)])
+    assert r is not None and r.kept_bytes == 4 * 700 * MIB + 3 * MIB and r.kept_references == 4
+    assert [s.site for s in r.kept_sites] == ["diffusers/cache.py:88", "runner/refserver/engine.py:10"]
+    line = retention_sentence("retain", r, None)
+    assert line is not None and "left 2.74 GiB it allocated live at its end (700.75 MiB per reference)" in line
+    assert "2.73 GiB at <code>diffusers/cache.py:88</code> in <code>store</code>" in line
+    nothing = with_kept(retention(steps, None), [Reading("c/f", "kept", 4, None, None, "no allocator snapshot: x")])
+    assert nothing is not None and nothing.kept_why == "no allocator snapshot: x"

@@ -10,7 +10,7 @@ from runner.core.records import FailureClass, SessionRecord, Status, StepRecord
 from runner.judge.findings.held import Reading, with_held
 from runner.judge.findings.memory import memory_model
 from runner.judge.findings.models import ContributionSite, Findings, FlagSetFindings, Fragmentation, Functional
-from runner.judge.findings.retention import cached_speed, retention
+from runner.judge.findings.retention import cached_speed, retention, with_kept
 from runner.observe.failures import server_lines, without_stamp
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
@@ -96,8 +96,8 @@ def _flag_set(steps: Sequence[StepRecord], session: SessionRecord | None, role: 
               capacity_bytes: int | None, held: tuple[Reading, ...]) -> FlagSetFindings:
     memory = with_held(memory_model(steps, session, target, capacity_bytes), held, capacity_bytes)
     probe = session.retention_probe if session is not None else None
-    return FlagSetFindings(role=role, memory=memory, speed=cached_speed(steps),
-                           retention=retention(steps, memory.capacity_bytes or capacity_bytes, probe))
+    kept = retention(steps, memory.capacity_bytes or capacity_bytes, probe)
+    return FlagSetFindings(role=role, memory=memory, speed=cached_speed(steps), retention=with_kept(kept, held))
 
 
 def card_findings(steps: Sequence[StepRecord], sessions: Sequence[SessionRecord], roles: Mapping[str, str],

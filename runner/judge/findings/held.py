@@ -126,7 +126,7 @@ class Reading:
     """A diagnosis pass's snapshot as read (runner.run.diagnose.readings): what held the memory, or why not."""
 
     record: str  # the diagnosis record's session key
-    at: str  # "oom" | "peak"
+    at: str  # "oom" | "peak" | "kept"
     references: int | None
     file: str | None
     held: Held | None
@@ -137,7 +137,7 @@ def growth(readings: tuple[Reading, ...]) -> tuple[SiteGrowth, ...]:
     """Per site, what one more reference adds: the flag set's snapshots at its lowest and highest reference
     counts (a peak and a peak, or a peak and the OOM), request-time sites only (the resident set does not
     depend on the request), largest growth first."""
-    read = sorted((r for r in readings if r.held is not None and r.references is not None),
+    read = sorted((r for r in readings if r.held is not None and r.references is not None and r.at != "kept"),
                   key=lambda r: r.references or 0)
     if len(read) < 2 or read[0].references == read[-1].references:
         return ()

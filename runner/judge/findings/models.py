@@ -189,6 +189,12 @@ class Retention(Record):
     probe_floor_bytes: int | None = Field(default=None, description="the level after the retention probe (the "
                                                                     "first request sent again after the last)")
     probe_references: int | None = Field(default=None, description="the probe's reference count")
+    kept_references: int | None = Field(default=None, description="the request of the `kept` diagnosis pass "
+                                                                  "(its reference count)")
+    kept_bytes: int | None = Field(default=None, description="what that request allocated and still held live when "
+                                                             "it ended, from its allocator snapshot (exact)")
+    kept_sites: tuple[HeldSite, ...] = Field(default=(), description="those live blocks by site, largest first")
+    kept_why: str | None = Field(default=None, description="why the `kept` pass has no such reading")
     why: str | None = None
 
 

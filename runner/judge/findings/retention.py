@@ -24,8 +24,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from runner.core.records import Level, RetentionProbe, Status, StepRecord
-from runner.judge.findings.models import CachedSpeed, Retention
+from runner.judge.findings.held import Reading
+from runner.judge.findings.models import CachedSpeed, HeldSite, Retention
 
+KEEPS = ("per-reference", "until-next-request", "per-request")  # kinds where something stays after a request
 MIN_TOLERANCE = 256 * 1024  # bytes: below this a floor's change is the allocator's rounding, not a kept tensor
 TOLERANCE_SHARE = 0.01  # of the load level
 FASTER = 1.15  # a cached request this many times faster than a cold one, in every pair, is "faster"
@@ -222,3 +224,21 @@ def cached_speed(steps: Sequence[StepRecord]) -> CachedSpeed | None:
                        ratio=None if ratio is None else round(ratio, 3),
                        faster=bool(ratios) and min(ratios) >= FASTER,
                        slower=bool(ratios) and max(ratios) <= 1 / FASTER)
+
+
+KEPT_SITES = 5
+
+
+def with_kept(r: Retention | None, readings: Sequence[Reading]) -> Retention | None:
+    """The retention finding with what the `kept` diagnosis pass's snapshot shows: the blocks its request
+    allocated (after /start_profile) that were still live when it ended (/stop_profile), by site."""
+    reading = next((x for x in readings if x.at == "kept"), None)
+    if r is None or reading is None:
+        return r
+    if reading.held is None:
+        return r.model_copy(update={"kept_references": reading.references, "kept_why": reading.why or "no snapshot"})
+    live = sorted((s for s in reading.held.by_site if s.phase == "request"), key=lambda s: -s.bytes)
+    sites = tuple(HeldSite(site=s.site, function=s.function, phase="request", bytes=s.bytes, blocks=s.blocks,
+                           part=s.part) for s in live[:KEPT_SITES])
+    return r.model_copy(update={"kept_references": reading.references, "kept_bytes": sum(s.bytes for s in live),
+                                "kept_sites": sites})
