@@ -28,21 +28,27 @@ mkdir -p "$home"
 ctx=""
 hash12() { sha256sum | cut -c1-12; }
 
-# What the packages are: the pin list and torch (the wheelhouse's key); with the steps and the base, the pins image's.
-wheels_key="$( (echo "torch $torch_version"; cat stand/requirements.txt) | hash12)"
+# The base's Debian packages the stand's compiled code needs beyond the minimal base, from the host's apt sources (the
+# base is bookworm, as the host): vLLM's CPU kernels (vllm._C) link libnuma; without it vLLM warns and runs without them.
+debs=(libnuma1)
+# What the packages are: the pin list, torch and the debs (the wheelhouse's key); with the steps and the base, the pins
+# image's.
+wheels_key="$( (echo "torch $torch_version"; echo "${debs[*]}"; cat stand/requirements.txt) | hash12)"
 wheels="$home/wheelhouse-$wheels_key"
 pins_key() { (echo "$wheels_key"; cat stand/venv.sh; docker image inspect -f '{{.Id}}' "$BASE_IMAGE") | hash12; }
 image_key() { (pins_key; stand/venv.sh ours-key; cat "$HERE/Dockerfile" "$HERE/build.sh" docker/lib.sh) | hash12; }
 
 # Every wheel the image installs, from the configured index through pip's cache: the pinned ones (`pip wheel` takes
 # a published wheel as it is and builds one where a pin has only a source archive) and the CPU torch wheel, as
-# scripts/torch-cpu.sh finds it. Kept per machine by the pin list; a partial one is made again.
+# scripts/torch-cpu.sh finds it; and the debs. Kept per machine by its key; a partial one is made again.
 make_wheelhouse() {
   [ -e "$wheels/.complete" ] && { log "wheelhouse $wheels reused"; return; }
   local t0=$SECONDS
   rm -rf "$wheels"; mkdir -p "$wheels"
   log "wheelhouse: torch $torch_version (CPU) and $(wc -l < stand/requirements.txt) pins into $wheels"
-  download_cpu_torch "$wheels" "$PYTHON"
+  download_cpu_torch "$wheels" "$PYTHON" 2> >(grep -v "^WARNING: Location '" >&2)
+  mkdir -p "$wheels/debs"
+  (cd "$wheels/debs" && apt-get download -q -o APT::Sandbox::User=root "${debs[@]}" >/dev/null)
   "$PYTHON" -m pip wheel -q --disable-pip-version-check --no-deps -w "$wheels" -r stand/requirements.txt \
     2> >(grep -v "^WARNING: Location '" >&2)
   touch "$wheels/.complete"
@@ -63,6 +69,7 @@ build_pins() {
   if ! docker run --name "$name" --network none -e PIP_NO_CACHE_DIR=1 \
       --mount "type=bind,source=$wheels,target=/wheels,readonly" \
       --mount "type=bind,source=$ROOT/stand,target=/src,readonly" "$BASE_IMAGE" bash -euo pipefail -c "
+        dpkg -i /wheels/debs/*.deb > /dev/null
         mkdir -p /opt/stand && cp /src/venv.sh /src/requirements.txt /opt/stand/
         python3 -m venv /opt/venv
         /opt/venv/bin/pip install -q --disable-pip-version-check --no-compile --no-index --no-deps \

@@ -25,6 +25,9 @@ VLLM_OMNI = STAND / "venv" / "bin" / "vllm-omni"
 EDIT_PLUS = STAND / "models" / "tiny-qwen-image-edit-plus"
 TEXT_TO_IMAGE = STAND / "models" / "tiny-qwen-image"
 REQUIRED = os.environ.get("RUNNER_REQUIRE_STAND") == "1"
+# Where the accounted card's 192 MiB runs out at 3 references (examples/real-omni.toml's cpu-small): the VAE encode
+# of a reference in vLLM-Omni 0.30.0's own pipeline, on either backend
+OOM_SITE = "vllm_omni/diffusion/models/qwen_image/pipeline_qwen_image_edit_plus.py:511"
 BASE_ENV = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_LOGGING_COLOR": "0", "HF_HUB_OFFLINE": "1"}
 
 

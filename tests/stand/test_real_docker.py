@@ -19,9 +19,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import example_copy
-from tests.stand.conftest import EDIT_PLUS, REQUIRED, ROOT, require_stand
+from tests.stand.conftest import EDIT_PLUS, OOM_SITE, REQUIRED, ROOT, require_stand
 
-pytestmark = pytest.mark.xdist_group("stand-docker")
+# On the worker of tests/docker/: a run with docker cards first reaps the runner-managed containers whose runner is
+# gone, which tests/docker/test_owners.py makes on purpose (tests/conftest.py, GROUP_BY_FOLDER).
+pytestmark = pytest.mark.xdist_group("docker-engine")
 
 
 def stand_image() -> str:
@@ -81,8 +83,7 @@ def test_the_small_card_runs_out_in_a_request_at_vllm_omnis_line_inside_the_cont
     steps = [json.loads(p.read_text()) for p in (docker_run / "cpu-small" / "default").glob("refs-*/*.json")]
     (oom,) = [s for s in steps if s["status"] == "failed"]
     assert oom["references"] == 3 and oom["failure"]["kind"] == "oom"
-    assert re.fullmatch(r"vllm_omni/diffusion/models/qwen_image/pipeline_qwen_image_edit_plus\.py:\d+",
-                        oom["failure"]["oom"]["site"]), oom["failure"]["oom"]
+    assert oom["failure"]["oom"]["site"] == OOM_SITE, oom["failure"]["oom"]  # the local backend's (test_real_runs)
     served = {s["references"]: s for s in steps if s["status"] == "ok"}
     assert sorted(served) == [1, 2] and all(s["server_peak_mib"] > 100 for s in served.values())
     session = json.loads((docker_run / "cpu-small" / "default" / "session.json").read_text())
