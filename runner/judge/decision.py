@@ -220,8 +220,8 @@ class Latency:
     @property
     def informative(self) -> bool:
         """An interval worth printing: bounded, at most WIDEST wide, both bounds inside SHOWN."""
-        return (self.bounded and self.low > 0 and self.high / self.low <= WIDEST
-                and SHOWN[0] <= self.low and self.high <= SHOWN[1])
+        low, high = round(self.low, 2), round(self.high, 2)  # as printed: 0.2017–4.0299 reads 0.20–4.03 (20.15×)
+        return (self.bounded and low > 0 and high / low <= WIDEST and SHOWN[0] <= low and high <= SHOWN[1])
 
     def figure(self, limit: float | None = None) -> str:
         """"1.20× (geometric means) [0.95–1.52]", or what would bound it (against `limit`, when given)."""

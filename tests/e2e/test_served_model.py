@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from test_run import matrix, no_server_left, run
 
+from runner.core.records import SCHEMA_VERSION
+
 pytestmark = pytest.mark.slow
 
 SERVE = ('["{python}", "-m", "runner.refserver", "--port", "{port}", "--preset", "tiny", "--vram-gib", '
@@ -66,7 +68,7 @@ def test_a_model_the_server_does_not_serve_is_said_once_before_the_requests_whic
     for card, sent, checks in (("edits", "omni-edits", True), ("chat", "omni-chat", False)):
         for flags in ("default", "other"):
             session = json.loads((run_dir / card / flags / "session.json").read_text())
-            assert session["schema_version"] == 5
+            assert session["schema_version"] == SCHEMA_VERSION
             model = session["served_model"]
             assert model["sent"] == sent and model["served"] == ["served-x"] and model["matches"] is False
             assert model["route_checks"] is checks and model["note"].startswith(f"[servers.{sent}] model = ")
