@@ -99,11 +99,11 @@ class Meter(ABC):
 
 def floor_level(meter: Meter, values: Sequence[int], window_s: float, why_none: str | None = None) -> Level:
     """A quiet window's samples as a Level: the least one, or unavailable saying why there is none."""
+    span = max(window_s, 0.0)
     if not values:
-        return Level(source=meter.source, bytes=None, samples=0, window_s=round(max(window_s, 0.0), 3),
-                     bound=meter.bound, available=False,
-                     reason=why_none or f"no sample in the {max(window_s, 0.0):.2f} s quiet window")
-    return Level(source=meter.source, bytes=min(values), samples=len(values), window_s=round(max(window_s, 0.0), 3),
+        return Level(source=meter.source, bytes=None, samples=0, window_s=round(span, 3), bound=meter.bound,
+                     available=False, reason=why_none or f"no sample in the {span:.2f} s quiet window")
+    return Level(source=meter.source, bytes=min(values), samples=len(values), window_s=round(span, 3),
                  bound=meter.bound, available=True)
 
 

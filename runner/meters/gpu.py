@@ -31,7 +31,7 @@ class GpuInfo:
     requested: str | None  # card.gpu as written (index or UUID)
 
     def to_json(self) -> dict[str, Any]:
-        return TypeAdapter(GpuInfo).dump_python(self, mode="json")
+        return GPU_INFO.dump_python(self, mode="json")
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,12 @@ class GpuProcess:
     name: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return TypeAdapter(GpuProcess).dump_python(self, mode="json")
+        return GPU_PROCESS.dump_python(self, mode="json")
+
+
+# Built once (an adapter compiles its validator): the serialisation of the two declarations above.
+GPU_INFO: TypeAdapter[GpuInfo] = TypeAdapter(GpuInfo)
+GPU_PROCESS: TypeAdapter[GpuProcess] = TypeAdapter(GpuProcess)
 
 
 class SampleSource(Protocol):

@@ -43,6 +43,11 @@ class _Point:
     refs: int  # the references it carried
 
 
+def _refs(s: StepRecord) -> list[str]:
+    """The digests of the references a request carried (its record's `request.references`)."""
+    return [str(r) for r in s.request.get("references", ())]
+
+
 def _level(levels: tuple[Level, ...], source: str) -> int | None:
     return next((lv.bytes for lv in levels if lv.source == source and lv.available), None)
 
@@ -92,7 +97,7 @@ def retention(steps: Sequence[StepRecord], capacity_bytes: int | None,
     seen: set[str] = set()
     sent, top = 0, None
     for s in start:
-        refs = [str(r) for r in s.request.get("references", ())]
+        refs = _refs(s)
         repeat = bool(refs) and all(r in seen for r in refs)
         seen.update(refs)
         sent += max(1, len(s.sends))
@@ -185,7 +190,7 @@ def _distinct_is_last(start: Sequence[StepRecord]) -> bool:
     request's references kept until the next' predict the same floors."""
     seen: set[str] = set()
     for s in start:
-        refs = {str(r) for r in s.request.get("references", ())}
+        refs = set(_refs(s))
         if not seen <= refs:
             return False
         seen |= refs
@@ -201,7 +206,7 @@ def cached_speed(steps: Sequence[StepRecord]) -> CachedSpeed | None:
     cold: dict[int, float] = {}
     warm: dict[int, list[float]] = {}
     for i, s in enumerate(start):
-        refs = [str(r) for r in s.request.get("references", ())]
+        refs = _refs(s)
         walls = [t.wall_s for t in s.sends] or ([s.wall_s] if s.wall_s else [])
         new = bool(refs) and not all(r in seen for r in refs)
         seen.update(refs)
