@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
@@ -95,7 +95,7 @@ class Service:
                 log.exception("request %d id=%s could not be parsed", n, rid)
                 return self.refuse(n, rid, endpoint, t0, "Internal server error: the request could not be parsed",
                                  None, 500)
-            req = parsed.request
+            req = replace(parsed.request, leak_bytes=self.config.faults.leak_bytes(n))
             if endpoint == "chat":  # vLLM-Omni 0.30's own lines: the count received, then each one dropped
                 log.info("Diffusion chat request %s: ref_images=%d", rid, parsed.received_refs)
                 for why in parsed.dropped:
@@ -135,9 +135,12 @@ class Service:
                     torch.cuda.empty_cache()
             peak_mb = self.engine.mem.peak() / 2**20
             reserved_mb = self.engine.mem.peak_reserved() / 2**20
+            # what the request left behind: the engine's memory now, after the collection above (/metrics:
+            # refserver_device_memory_bytes)
+            now_mb = self.engine.mem.current() / 2**20
             log.info("request %d id=%s done status=%d queue_s=%.3f run_s=%.3f total_s=%.3f peak_mb=%.2f "
-                     "peak_reserved_mb=%.2f", n, rid, reply.status, queue_s, time.perf_counter() - t0 - queue_s,
-                     time.perf_counter() - t0, peak_mb, reserved_mb)
+                     "peak_reserved_mb=%.2f current_mb=%.2f", n, rid, reply.status, queue_s,
+                     time.perf_counter() - t0 - queue_s, time.perf_counter() - t0, peak_mb, reserved_mb, now_mb)
             _flush_logs()
             return reply
 

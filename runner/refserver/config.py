@@ -8,7 +8,7 @@ from typing import Any
 
 from runner.refserver.faults import FaultPlan
 
-CACHE_MODES = ("device", "host", "off")
+CACHE_MODES = ("device", "host", "off", "retain")
 DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "int8", "fp8")
 OFFLOADS = ("none", "module", "layerwise")

@@ -8,6 +8,7 @@ hides another's.
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import json
 import os
@@ -151,10 +152,8 @@ def test_requests_waiting_for_the_one_running_hold_no_decoded_references(servers
 
 
 def _ignore(send: Any) -> None:
-    try:
+    with contextlib.suppress(httpx.HTTPError):  # the server is stopped with these requests still waiting
         send()
-    except httpx.HTTPError:
-        pass  # the server is stopped with these requests still waiting
 
 
 def test_a_body_past_the_cap_is_refused_unread(servers: dict[str, Server]) -> None:
