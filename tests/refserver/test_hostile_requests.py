@@ -86,7 +86,7 @@ def post(server: Server, content: bytes, timeout: float = 120) -> httpx.Response
 def error_of(r: httpx.Response, status: int) -> dict[str, Any]:
     """vLLM-Omni's error body, with this status."""
     assert r.status_code == status, r.text[:300]
-    err = r.json()["error"]
+    err: dict[str, Any] = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["code"] == status and err["message"]
     return err
 

@@ -146,7 +146,8 @@ def test_leak_leaves_l_per_request(servers: dict[str, Server],
     assert servers["qwen-leak"].metrics()["refserver_leaked_bytes"] == LEAK * len(SEQUENCE)
 
 
-def test_a_leak_fails_the_request_it_no_longer_fits_as_out_of_memory(servers: dict[str, Server], launch) -> None:
+def test_a_leak_fails_the_request_it_no_longer_fits_as_out_of_memory(servers: dict[str, Server],
+                                                                   launch: Callable[..., Server]) -> None:
     """Our DiT with 1 MiB left per request, on a card of its floor at load + 2.5 MiB + what a request needs
     above its floor (X, from the default's peak): request n fits while load + n MiB + X fits, so 1 and 2 are
     served and 3 and 4 fail as out of memory, the server serving on."""
