@@ -471,6 +471,7 @@ class Engine:
         t0 = time.perf_counter()
         self.mem.fit_to_device()  # CUDA whole-device cap: what the context grew by since the last request
         self.mem.reset_peak()
+        self.retained.new_request()
         try:
             with self.mem.scope(), torch.inference_mode(), ExitStack() as moved:
                 if req.leak_bytes:  # fault leak: part of this request's peak, and never freed

@@ -35,19 +35,26 @@ class Retained:
 
 
 class RetainedConditions:
-    """The entries, never evicted; hits and misses counted for /metrics."""
+    """The entries, never evicted; hits and misses counted for /metrics, once per reference of a request (a
+    request with true CFG asks for each reference once per pass: the second pass's ask is no hit)."""
 
     def __init__(self) -> None:
         self.entries: dict[str, Retained] = {}
         self.hits = 0
         self.misses = 0
+        self.asked: set[str] = set()  # the keys the current request has asked for
+
+    def new_request(self) -> None:
+        self.asked.clear()
 
     def get(self, key: str) -> Retained | None:
         entry = self.entries.get(key)
-        if entry is None:
-            self.misses += 1
-        else:
-            self.hits += 1
+        if key not in self.asked:
+            self.asked.add(key)
+            if entry is None:
+                self.misses += 1
+            else:
+                self.hits += 1
         return entry
 
     def put(self, key: str, entry: Retained) -> None:

@@ -175,3 +175,18 @@ def test_leak_sizes(spec: str, nbytes: int, request_n: int | None) -> None:
 def test_a_leak_size_that_is_none_is_one_line(spec: str) -> None:
     with pytest.raises(ValueError, match="leak needs a size"):
         FaultPlan.parse([spec])
+
+
+@pytest.mark.parametrize("arch", [pytest.param("qwen", marks=needs_diffusers), "dit"])
+def test_hits_count_each_reference_once_per_request_with_true_cfg(arch: str) -> None:
+    """With true CFG (the runner's requests: a negative prompt) the condition is made twice per request, once
+    per pass: a cold request is still all misses and a repeat all hits, one per reference."""
+    from runner.refserver.engine import GenerationRequest
+
+    e = engine(arch, "--cond-cache", "retain")
+    req = GenerationRequest(prompt="the shapes together", references=tuple(REFS[:2]), width=64, height=64,
+                            steps=1, seed=1, true_cfg_scale=4.0, negative_prompt=" ")
+    e.generate(req)
+    assert (e.retained.hits, e.retained.misses) == (0, 2)
+    e.generate(req)
+    assert (e.retained.hits, e.retained.misses) == (2, 2)

@@ -193,6 +193,7 @@ class QwenEngine:
         t0 = time.perf_counter()
         self.mem.fit_to_device()
         self.mem.reset_peak()
+        self.retained.new_request()
         try:
             with ExitStack() as stack:
                 stack.enter_context(torch.inference_mode())
