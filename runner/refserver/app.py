@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response
 from PIL import Image
 
 from runner.refserver import protocol
+from runner.refserver.bodycap import BodyCap
 from runner.refserver.config import RELEASES, ServerConfig
 from runner.refserver.engine import AnyEngine, GenerationRequest, GenerationResult, png_bytes
 from runner.refserver.faults import hold_host_memory
@@ -73,7 +74,7 @@ class Service:
         if endpoint == "edits":
             form, files = raw
             return protocol.parse_edits(form, files, c.preset, c.model_name, c.api)
-        body = json.loads(raw)
+        body = protocol.load_json(raw)
         if endpoint == "chat":
             return protocol.parse_chat(body, c.preset, c.api, c.faults.corrupt_ref)
         return protocol.parse_images(body, c.preset, c.model_name, c.api)
@@ -82,19 +83,23 @@ class Service:
         t0 = time.perf_counter()
         faults = self.config.faults.for_request(n)
         scrapes_at_arrival = self.metrics.scrapes
-        try:
-            parsed = self.parse(endpoint, raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return self._bad(n, rid, endpoint, t0, f"invalid JSON body: {exc}", None)
-        except BadRequest as exc:
-            return self._bad(n, rid, endpoint, t0, exc.message, exc.param, exc.status)
-        req = parsed.request
-        if endpoint == "chat":  # vLLM-Omni 0.30's own lines: the count received, then each one dropped
-            log.info("Diffusion chat request %s: ref_images=%d", rid, parsed.received_refs)
-            for why in parsed.dropped:
-                log.warning("%s: %s", protocol.DROPPED_WARNING, why)
+        # Parsing decodes the references: under the lock, so requests that arrive together hold one request's
+        # decoded images at a time, never one set each while they wait.
         with self.lock:
             queue_s = time.perf_counter() - t0
+            try:
+                parsed = self.parse(endpoint, raw)
+            except BadRequest as exc:
+                return self.refuse(n, rid, endpoint, t0, exc.message, exc.param, exc.status)
+            except Exception:  # a request this parser did not foresee: vLLM-Omni's error body, never plain text
+                log.exception("request %d id=%s could not be parsed", n, rid)
+                return self.refuse(n, rid, endpoint, t0, "Internal server error: the request could not be parsed",
+                                 None, 500)
+            req = replace(parsed.request, leak_bytes=self.config.faults.leak_bytes(n))
+            if endpoint == "chat":  # vLLM-Omni 0.30's own lines: the count received, then each one dropped
+                log.info("Diffusion chat request %s: ref_images=%d", rid, parsed.received_refs)
+                for why in parsed.dropped:
+                    log.warning("%s: %s", protocol.DROPPED_WARNING, why)
             log.info("request %d id=%s start endpoint=%s refs=%d size=%dx%d steps=%d seed=%d true_cfg=%.2f "
                      "cfg_runs=%s outputs=%d cond_cache=%s queue_s=%.3f faults=%s", n, rid, endpoint,
                      len(req.references), req.width, req.height, req.steps, req.seed, req.true_cfg_scale,
@@ -130,13 +135,16 @@ class Service:
                     torch.cuda.empty_cache()
             peak_mb = self.engine.mem.peak() / 2**20
             reserved_mb = self.engine.mem.peak_reserved() / 2**20
+            # what the request left behind: the engine's memory now, after the collection above (/metrics:
+            # refserver_device_memory_bytes)
+            now_mb = self.engine.mem.current() / 2**20
             log.info("request %d id=%s done status=%d queue_s=%.3f run_s=%.3f total_s=%.3f peak_mb=%.2f "
-                     "peak_reserved_mb=%.2f", n, rid, reply.status, queue_s, time.perf_counter() - t0 - queue_s,
-                     time.perf_counter() - t0, peak_mb, reserved_mb)
+                     "peak_reserved_mb=%.2f current_mb=%.2f", n, rid, reply.status, queue_s,
+                     time.perf_counter() - t0 - queue_s, time.perf_counter() - t0, peak_mb, reserved_mb, now_mb)
             _flush_logs()
             return reply
 
-    def _bad(self, n: int, rid: str, endpoint: str, t0: float, message: str, param: str | None,
+    def refuse(self, n: int, rid: str, endpoint: str, t0: float, message: str, param: str | None,
              status: int = 400) -> Reply:
         log.info("request %d id=%s endpoint=%s status=%d total_s=%.3f error=%s", n, rid, endpoint, status,
                  time.perf_counter() - t0, message)
@@ -206,6 +214,14 @@ def create_app(engine: AnyEngine, config: ServerConfig) -> FastAPI:
 
     app = FastAPI(title="refserver", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
+    limit = protocol.max_body_bytes(config.preset, config.api)
+
+    def too_large(path: str, limit: int) -> dict[str, Any]:
+        endpoint = "chat" if path.endswith("/chat/completions") else "images"
+        return error_body(f"Request body too large: more than {limit} bytes (the largest body a request this "
+                          "server serves can need)", protocol.error_type(endpoint, 413, config.api), 413)
+
+    app.add_middleware(BodyCap, limit=limit, refusal=too_large)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -275,14 +291,20 @@ def create_app(engine: AnyEngine, config: ServerConfig) -> FastAPI:
             n = next(service.counter)
             rid = protocol.new_request_id()
             t0 = time.perf_counter()
-            form = await request.form()
             files: list[tuple[str, bytes]] = []
             fields: dict[str, Any] = {}
-            for key, value in form.multi_items():
-                if key in ("image", "image[]") and not isinstance(value, str):
-                    files.append((value.filename or key, await value.read()))
-                elif isinstance(value, str):
-                    fields[key] = value
+            try:
+                form = await request.form()
+                for key, value in form.multi_items():
+                    if key in ("image", "image[]") and not isinstance(value, str):
+                        files.append((value.filename or key, await value.read()))
+                    elif isinstance(value, str):
+                        fields[key] = value
+            except Exception as exc:  # not a multipart form starlette can read: a 400 in vLLM-Omni's body
+                reply = service.refuse(n, rid, "edits", t0, f"invalid multipart form: {protocol.shown(str(exc))}",
+                                     None)
+                metrics.observe(reply.status, time.perf_counter() - t0)
+                return reply.response()
             reply = await anyio.to_thread.run_sync(service.execute, n, "edits", (fields, files), rid)
             metrics.observe(reply.status, time.perf_counter() - t0)
             return reply.response()

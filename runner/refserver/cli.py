@@ -6,8 +6,10 @@ import argparse
 import gc
 import json
 import logging
+import math
 import sys
 import time
+from typing import NoReturn
 
 from runner.refserver.config import (
     API_GENERATIONS,
@@ -34,8 +36,16 @@ EXIT_USAGE = 2
 EXIT_LOAD_FAIL = 3
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, whose usage errors are one line (its own prints the whole usage first: some 40 lines here)."""
+
+    def error(self, message: str) -> NoReturn:
+        shown = message if len(message) <= 300 else message[:297] + "..."  # a value 5000 digits long is quoted
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {shown} (--help lists the flags)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = OneLineParser(
         prog="runner refserver",
         description="Reference diffusion server: a small real diffusion transformer behind vLLM-Omni's API.",
     )
@@ -183,7 +193,34 @@ def quantization_of(args: argparse.Namespace) -> str:
     return str(method)
 
 
+# Each numeric flag's domain: (attribute, lowest, highest, whether the lowest itself is refused). float() reads
+# "nan", "inf" and "1e400" (= inf): a value outside its domain is a usage error here, never a traceback at load
+# or a server whose every request fails.
+RANGES: dict[str, tuple[str, float, float, bool]] = {
+    "--vram-gib": ("vram_gib", 0, 2**20, True),  # at most 1 PiB, the bound of every memory figure the runner keeps
+    "--port": ("port", 0, 65535, False),
+    "--threads": ("threads", 1, 1024, False),
+    "--dim": ("dim", 1, 65536, False),
+    "--layers": ("layers", 1, 1024, False),
+    "--heads": ("heads", 1, 1024, False),
+    "--ref-tokens": ("ref_tokens", 1, 65536, False),
+    "--max-num-seqs": ("max_num_seqs", 1, 65536, False),
+}
+
+
+def check_ranges(args: argparse.Namespace) -> None:
+    """ValueError naming the first numeric flag whose value is not finite and in its domain (RANGES)."""
+    for flag, (attr, lo, hi, lo_refused) in RANGES.items():
+        value = getattr(args, attr)
+        if value is None:
+            continue
+        if not (math.isfinite(value) and (value > lo if lo_refused else value >= lo) and value <= hi):
+            lowest = f"above {lo:.0f}" if lo_refused else f"from {lo:.0f}"
+            raise ValueError(f"{flag} {value!r}: must be a finite number {lowest} to {hi:.0f}")
+
+
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    check_ranges(args)
     known = QWEN_PRESETS if args.arch == "qwen-image" else PRESETS
     preset_name = args.preset or (args.model_path if args.model_path in known else "tiny")
     preset: Preset | QwenPreset
@@ -203,8 +240,6 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         from runner.refserver.profiler import ProfilerConfig
 
         ProfilerConfig.parse(args.profiler_config)  # a bad config is a usage error, before the load
-    if args.vram_gib is not None and args.vram_gib <= 0:
-        raise ValueError("--vram-gib must be > 0")
     cond_cache = args.cond_cache or ("off" if args.arch == "qwen-image" else "device")  # qwen: diffusers' forward
     oom_reply = args.oom_reply or ("detailed" if args.api in RELEASES else "mangled")
     return ServerConfig(preset=preset, arch=args.arch, device=device, dtype=dtype, quantization=quantization_of(args),

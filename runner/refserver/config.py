@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from runner.refserver.faults import FaultPlan
 
-CACHE_MODES = ("device", "host", "off")
+CACHE_MODES = ("device", "host", "off", "retain")
 DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "int8", "fp8")
 OFFLOADS = ("none", "module", "layerwise")
@@ -18,6 +19,13 @@ ARCHS = ("dit", "qwen-image")
 API_GENERATIONS = ("0.32", "0.30", "2025-12")
 RELEASES = ("0.32", "0.30")  # the generations that share the 0.30 release's request handling
 DEFAULT_API = "0.32"
+
+
+def max_ref_pixels(max_side: int) -> int:
+    """The most pixels a reference may declare: a square of the largest output side. No preset uses more of a
+    reference (it is resized down to the preset's reference grid, or names the size of an edit, which is at
+    most max_side a side), and decoding one costs what it declares (width x height x 4 bytes at most)."""
+    return max_side * max_side
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,10 @@ class Preset:
     @property
     def ref_grid(self) -> int:
         return math.isqrt(self.ref_tokens)
+
+    @property
+    def max_ref_pixels(self) -> int:
+        return max_ref_pixels(self.max_side)
 
     @property
     def px_per_token(self) -> int:
@@ -104,6 +116,10 @@ class QwenPreset:
         return self.heads * self.head_dim
 
     @property
+    def max_ref_pixels(self) -> int:
+        return max_ref_pixels(self.max_side)
+
+    @property
     def ref_tokens(self) -> int:
         return self.ref_grid**2
 
@@ -146,11 +162,14 @@ QWEN_PRESETS: dict[str, QwenPreset] = {
 }
 
 
+AnyPreset = Preset | QwenPreset
+
+
 def resolve_qwen_preset(name: str, layers: int | None, ref_limit: int | None) -> QwenPreset:
     if name not in QWEN_PRESETS:
         raise ValueError(f"unknown preset {name!r} for --arch qwen-image; choose from {', '.join(QWEN_PRESETS)}")
     preset = QWEN_PRESETS[name]
-    overrides = {k: v for k, v in (("layers", layers), ("ref_limit", ref_limit)) if v is not None}
+    overrides: dict[str, Any] = {k: v for k, v in (("layers", layers), ("ref_limit", ref_limit)) if v is not None}
     preset = replace(preset, **overrides) if overrides else preset
     preset.validate()
     return preset
@@ -198,7 +217,7 @@ def resolve_preset(name: str, dim: int | None, layers: int | None, ref_tokens: i
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
     preset = PRESETS[name]
-    overrides = {k: v for k, v in (("dim", dim), ("layers", layers), ("ref_tokens", ref_tokens),
+    overrides: dict[str, Any] = {k: v for k, v in (("dim", dim), ("layers", layers), ("ref_tokens", ref_tokens),
                                    ("heads", heads), ("ref_limit", ref_limit)) if v is not None}
     if overrides:
         preset = replace(preset, **overrides)

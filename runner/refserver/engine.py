@@ -1,5 +1,6 @@
 """The engine: loads the model under a memory budget and runs the flow-matching sampler with a
-per-request conditioning K/V cache held on the device, in host memory, or not at all."""
+per-request conditioning K/V cache held on the device, in host memory, or not at all — or, `retain`, each
+reference's kept on the device across requests."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from runner.refserver.model import (
     reference_patches,
     tokenize,
 )
-from runner.refserver.profiler import CACHE_NAME, LedgerHistory, Profiler, ProfilerConfig
+from runner.refserver.profiler import CACHE_NAME, LEAK_NAME, RETAINED_NAME, LedgerHistory, Profiler, ProfilerConfig
+from runner.refserver.retain import Retained, RetainedConditions, reference_key
 
 if TYPE_CHECKING:  # diffusers is imported only when the qwen-image arch runs
     from runner.refserver.qwen_image.engine import QwenEngine
@@ -48,6 +50,7 @@ class GenerationRequest:
     negative_prompt: str | None = ""  # None: no negative prompt, so no true CFG (vLLM-Omni 0.30)
     num_outputs: int = 1
     guidance_scale: float | None = None  # accepted and recorded; this model has no distilled guidance
+    leak_bytes: int = 0  # fault leak: device bytes this request allocates and never frees
 
 
 @dataclass(frozen=True)
@@ -111,22 +114,29 @@ class CondSource:
 
     def prefill(self) -> Iterator[tuple[int, Tensor, Tensor]]:
         """Runs the conditioning stream once, yielding each layer's (K, V) on the device."""
-        e = self.e
         c, c_handle = self.embed()
-        for layer, block in enumerate(e.model.blocks):
-            with e.resident(layer):
-                with e.mem.labelled():
-                    kv = e.mem.alloc(self.kv_bytes, "cond k/v")
-                c, k, v = block.cond_forward(c, self.pf, e.mem, e.nb, e.chunk)
-            yield kv, k, v
-        e.mem.free(c_handle)
+        yield from cond_stream(self.e, c, c_handle, self.pf, self.kv_bytes)
 
     def begin_step(self) -> None: ...
-    def layer(self, layer: int, block: nn.Module) -> tuple[Tensor, Tensor]:
+    def layer(self, layer: int, block: nn.Module) -> tuple[list[Tensor], list[Tensor]]:
+        """The condition's K and V of a layer, in pieces the latent's attention joins with its own."""
         raise NotImplementedError
     def end_layer(self, layer: int) -> None: ...
     def end_step(self) -> None: ...
     def close(self) -> None: ...
+
+
+def cond_stream(e: Engine, c: Tensor, c_handle: int, pf: Tensor, kv_bytes: int
+                ) -> Iterator[tuple[int, Tensor, Tensor]]:
+    """Runs conditioning tokens `c` (their ledger handle `c_handle`, freed at the end) through every block,
+    yielding each layer's (ledger handle of its K/V, K, V)."""
+    for layer, block in enumerate(e.model.blocks):
+        with e.resident(layer):
+            with e.mem.labelled():
+                kv = e.mem.alloc(kv_bytes, "cond k/v")
+            c, k, v = block.cond_forward(c, pf, e.mem, e.nb, e.chunk)
+        yield kv, k, v
+    e.mem.free(c_handle)
 
 
 class DeviceCache(CondSource):
@@ -145,13 +155,52 @@ class DeviceCache(CondSource):
             engine.mem.kv_label = ""
         engine.cache_bytes["device"] += self.kv_bytes * len(self.kv)
 
-    def layer(self, layer: int, block: nn.Module) -> tuple[Tensor, Tensor]:
-        return self.kv[layer]
+    def layer(self, layer: int, block: nn.Module) -> tuple[list[Tensor], list[Tensor]]:
+        k, v = self.kv[layer]
+        return [k], [v]
 
     def close(self) -> None:
         for h in self.handles:
             self.e.mem.free(h)
         self.kv.clear()
+
+
+class RetainedCache(DeviceCache):
+    """`--cond-cache retain` (runner.refserver.retain): the text's K/V made for the request as DeviceCache makes
+    them; each reference's made from that reference alone (its slot embedding and positions), once, and kept on
+    the device across requests."""
+
+    def __init__(self, engine: Engine, ids: Tensor, patches: list[Tensor]) -> None:
+        super().__init__(engine, ids, [])  # the text alone
+        self.references = [self._reference(slot, patch) for slot, patch in enumerate(patches)]
+        self.tokens += sum(p.shape[0] for p in patches)
+
+    def _reference(self, slot: int, patch: Tensor) -> Retained:
+        e = self.e
+        key = reference_key(slot, patch.numpy())
+        entry = e.retained.get(key)
+        if entry is not None:
+            return entry
+        tokens = patch.shape[0]
+        pf = e.model.cond_positions(0, slot + 1, e.device)[-tokens:]  # this slot's positions
+        kv_bytes = e.nb(2 * tokens * e.p.dim)
+        handle = e.mem.alloc(e.nb(tokens * e.p.dim), "cond hidden")
+        with e.mem.hold(patch.numel() * (1 + e.elem), "reference patches"):
+            c = e.model.embed_ref(patch.to(e.device), slot, e.dtype)
+        e.mem.kv_label = RETAINED_NAME if e.profiler else ""
+        try:
+            made = list(cond_stream(e, c, handle, pf, kv_bytes))
+        finally:
+            e.mem.kv_label = ""
+        for h, _, _ in made:  # made whole: now it outlives the request's scope
+            e.mem.keep(h)
+        entry = Retained([(k, v) for _, k, v in made], kv_bytes * len(made), [h for h, _, _ in made])
+        e.retained.put(key, entry)
+        return entry
+
+    def layer(self, layer: int, block: nn.Module) -> tuple[list[Tensor], list[Tensor]]:
+        k, v = self.kv[layer]
+        return [k, *(r.kv[layer][0] for r in self.references)], [v, *(r.kv[layer][1] for r in self.references)]
 
 
 class HostCache(CondSource):
@@ -201,13 +250,13 @@ class HostCache(CondSource):
         v.record_stream(main)
         self.staged[layer] = (k, v, handle, event)
 
-    def layer(self, layer: int, block: nn.Module) -> tuple[Tensor, Tensor]:
+    def layer(self, layer: int, block: nn.Module) -> tuple[list[Tensor], list[Tensor]]:
         self._fetch(layer)
         self._fetch(layer + 1)  # prefetch while this layer computes
         k, v, _, event = self.staged[layer]
         if event is not None:
             torch.cuda.current_stream(self.e.device).wait_event(event)
-        return k, v
+        return [k], [v]
 
     def end_layer(self, layer: int) -> None:
         _, _, handle, _ = self.staged.pop(layer)
@@ -275,10 +324,10 @@ class NoCache(CondSource):
         self.c, self.c_handle = self.embed()
         self.kv_handle: int | None = None
 
-    def layer(self, layer: int, block: nn.Module) -> tuple[Tensor, Tensor]:
+    def layer(self, layer: int, block: nn.Module) -> tuple[list[Tensor], list[Tensor]]:
         self.kv_handle = self.e.mem.alloc(self.kv_bytes, "cond k/v")
         self.c, k, v = block.cond_forward(self.c, self.pf, self.e.mem, self.e.nb, self.e.chunk)
-        return k, v
+        return [k], [v]
 
     def end_layer(self, layer: int) -> None:
         if self.kv_handle is not None:
@@ -290,7 +339,25 @@ class NoCache(CondSource):
         self.e.mem.free(self.c_handle)
 
 
-CACHES: dict[str, type[CondSource]] = {"device": DeviceCache, "host": HostCache, "off": NoCache}
+CACHES: dict[str, type[CondSource]] = {"device": DeviceCache, "host": HostCache, "off": NoCache,
+                                       "retain": RetainedCache}
+
+
+class Leaked:
+    """fault leak: device memory requests allocated and never freed (on CUDA real tensors; on the CPU the
+    ledger's bytes, kept out of the request's scope), named in an allocator snapshot."""
+
+    def __init__(self) -> None:
+        self.tensors: list[Tensor] = []
+        self.nbytes = 0
+
+    def add(self, engine: AnyEngine, nbytes: int) -> None:
+        with engine.mem.labelled(LEAK_NAME if engine.profiler else ""):
+            if engine.device.type == "cuda":
+                self.tensors.append(torch.empty(nbytes, dtype=torch.uint8, device=engine.device))
+            else:
+                engine.mem.keep(engine.mem.alloc(nbytes, "left behind by fault leak"))
+        self.nbytes += nbytes
 
 
 class Engine:
@@ -308,6 +375,8 @@ class Engine:
         self.host_pinned_bytes = 0
         self.offloaded: dict[int, Offloaded] = {}
         self.pinned = PinnedPool()
+        self.retained = RetainedConditions()  # --cond-cache retain: kept across requests
+        self.leaked = Leaked()  # --fault leak
         self.chunk = 64
         self.load_seconds = 0.0
         self.profiler = make_profiler(config.profiler, self.device, self.mem)
@@ -370,7 +439,8 @@ class Engine:
         warm_up(self, 1024)
 
     def cond_cache_bytes_per_reference(self) -> int:
-        """Device-mode cache bytes one reference adds, per CFG pass (K and V, every layer)."""
+        """Device-mode cache bytes one reference adds, per CFG pass (K and V, every layer); what `retain` keeps
+        per reference."""
         return self.nb(2 * self.p.layers * self.p.ref_tokens * self.p.dim)
 
     def summary(self) -> str:
@@ -401,8 +471,11 @@ class Engine:
         t0 = time.perf_counter()
         self.mem.fit_to_device()  # CUDA whole-device cap: what the context grew by since the last request
         self.mem.reset_peak()
+        self.retained.new_request()
         try:
             with self.mem.scope(), torch.inference_mode(), ExitStack() as moved:
+                if req.leak_bytes:  # fault leak: part of this request's peak, and never freed
+                    self.leaked.add(self, req.leak_bytes)
                 if self.config.offload == "module":  # the whole block stack visits for the request
                     for off in self.offloaded.values():
                         moved.enter_context(off.on_device(self.mem))
@@ -466,9 +539,9 @@ class Engine:
             cond.begin_step()
             for layer, block in enumerate(m.blocks):
                 with self.resident(layer):
-                    k, v = cond.layer(layer, block)
-                    x = block.latent_forward(x, pf, temb, k, v, self.mem, self.nb)
-                    del k, v
+                    ks, vs = cond.layer(layer, block)
+                    x = block.latent_forward(x, pf, temb, ks, vs, self.mem, self.nb)
+                    del ks, vs
                     cond.end_layer(layer)
             cond.end_step()
             x0 = m.final(x, temb)
@@ -518,6 +591,7 @@ def warm_up(engine: AnyEngine, side: int) -> None:
                                 seed=0, true_cfg_scale=4.0, negative_prompt=" ")
         try:
             engine.generate(req)
+            engine.retained = RetainedConditions()  # retain: the warm-up's reference is no request's
             break
         except torch.OutOfMemoryError:
             torch.cuda.empty_cache()

@@ -111,6 +111,9 @@ class DeviceMemory:
         """Frees, on exit, whatever was allocated inside and not freed (the OOM path)."""
         yield
 
+    def keep(self, handle: int) -> None:
+        """An allocation made inside a scope that outlives it (a cache kept across requests, a leak)."""
+
     def current(self) -> int:
         raise NotImplementedError
 
@@ -208,6 +211,11 @@ class AccountedMemory(DeviceMemory):
                 leftover = self._scopes.pop()
             for handle in leftover:
                 self.free(handle)
+
+    def keep(self, handle: int) -> None:
+        with self._lock:
+            for s in self._scopes:
+                s.discard(handle)
 
     def _set_label(self, name: str) -> None:
         if self.history is not None:

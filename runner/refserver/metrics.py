@@ -41,10 +41,18 @@ class Metrics:
         Gauge("refserver_device_memory_capacity_bytes", "Device memory cap (--vram-gib; CUDA without a cap: "
               "the device total; NaN: no cap)", registry=r).set_function(
             lambda: math.nan if mem.capacity is None else mem.capacity)
-        cache = Gauge("refserver_cond_cache_bytes", "Conditioning K/V cache bytes now, by placement",
-                      ["placement"], registry=r)
-        for placement in ("device", "host"):
-            cache.labels(placement=placement).set_function(lambda p=placement: engine.cache_bytes[p])
+        cache = Gauge("refserver_cond_cache_bytes", "Conditioning K/V cache bytes now, by placement (retain's "
+                      "kept entries included on the device)", ["placement"], registry=r)
+        cache.labels(placement="device").set_function(lambda: engine.cache_bytes["device"] + engine.retained.nbytes)
+        cache.labels(placement="host").set_function(lambda: engine.cache_bytes["host"])
+        Gauge("refserver_cond_cache_retained_bytes", "Conditioning K/V kept on the device across requests "
+              "(--cond-cache retain), now", registry=r).set_function(lambda: engine.retained.nbytes)
+        Gauge("refserver_cond_cache_retained_entries", "References whose K/V --cond-cache retain keeps (one per "
+              "reference and place in a request)", registry=r).set_function(lambda: len(engine.retained.entries))
+        Gauge("refserver_cond_cache_retained_hits", "References of requests so far found kept (--cond-cache "
+              "retain)", registry=r).set_function(lambda: engine.retained.hits)
+        Gauge("refserver_leaked_bytes", "Device memory requests left behind on purpose (--fault leak)",
+              registry=r).set_function(lambda: engine.leaked.nbytes)
         Gauge("refserver_host_pinned_bytes", "Pinned host memory now (host cond cache and offloaded "
               "weights on CUDA, the reusable pinned pool included; always 0 on CPU)", registry=r).set_function(
             lambda: engine.host_pinned_bytes + engine.pinned.nbytes)

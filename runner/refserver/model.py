@@ -145,15 +145,16 @@ class Block(nn.Module):
                 parts.append(cs + self.c_fc2(F.gelu(self.c_fc1(F.layer_norm(cs, (d,))))))
         return torch.cat(parts, dim=1), k, v
 
-    def latent_forward(self, x: Tensor, pf: Tensor, temb: Tensor, k_c: Tensor, v_c: Tensor,
+    def latent_forward(self, x: Tensor, pf: Tensor, temb: Tensor, k_c: list[Tensor], v_c: list[Tensor],
                        mem: DeviceMemory, nb: Nbytes) -> Tensor:
+        """k_c, v_c: the condition's K and V in pieces ([text | reference ...] for a kept cache), joined here."""
         n, d = x.shape[1], x.shape[2]
-        nk = n + k_c.shape[2]
+        nk = n + sum(k.shape[2] for k in k_c)
         sh1, sc1, g1, sh2, sc2, g2 = (m[:, None] for m in self.x_mod(temb).chunk(6, dim=-1))
         scratch = 3 * n * d + 2 * nk * d + self.heads * n * nk + n * d  # qkv, joint K/V, scores, output
         with mem.hold(nb(scratch), "latent attention"):
             q, k, v = self._qkv(self.x_qkv, F.layer_norm(x, (d,)) * (1 + sc1) + sh1, pf, 0 * pf)
-            a = attention(q, torch.cat([k_c, k], dim=2), torch.cat([v_c, v], dim=2))
+            a = attention(q, torch.cat([*k_c, k], dim=2), torch.cat([*v_c, v], dim=2))
             x = x + (1 + g1) * self.x_out(_merge(a))
         with mem.hold(nb(n * d * self.mlp_ratio), "latent mlp hidden"):
             h = F.layer_norm(x, (d,)) * (1 + sc2) + sh2

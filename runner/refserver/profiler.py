@@ -34,6 +34,8 @@ log = logging.getLogger("refserver")
 
 MAX_ENTRIES = 100_000
 CACHE_NAME = "conditioning cache"  # the metadata the engine puts on its conditioning cache's allocations
+LEAK_NAME = "fault leak"  # … on what `--fault leak` leaves behind
+RETAINED_NAME = "retained conditioning cache"  # … on the K/V `--cond-cache retain` keeps across requests
 ONLOAD_NAME = "onloaded weights"  # … and on the device copies of offloaded weights (--cpu-offload)
 
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import json
 import math
 import random
 import re
+import reprlib
 import secrets
 import time
 from dataclasses import dataclass
@@ -21,11 +23,11 @@ from typing import Any
 
 from PIL import Image
 
-from runner.refserver.config import DEFAULT_API, RELEASES, Preset
+from runner.refserver.config import DEFAULT_API, RELEASES, AnyPreset
 from runner.refserver.engine import GenerationRequest
 
 DATA_URI = re.compile(r"^data:image/[A-Za-z0-9.+-]+;base64,(?P<data>.*)$", re.DOTALL)
-SIZE = re.compile(r"^\s*(\d+)\s*[xX*]\s*(\d+)\s*$")
+SIZE = re.compile(r"^\s*(\d{1,9})\s*[xX*]\s*(\d{1,9})\s*$")  # a side of 10 digits is past every preset
 DEFAULT_STEPS = 50
 DEFAULT_TRUE_CFG = 4.0
 MAX_STEPS = 1000
@@ -71,6 +73,11 @@ class BadRequest(Exception):
         self.message, self.param, self.status = message, param, status
 
 
+class TooManyPixels(BadRequest):
+    """A reference whose header declares more pixels than the preset can use: refused (never dropped as
+    undecodable, which it is not)."""
+
+
 def error_body(message: str, type_: str, code: int, param: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
@@ -85,51 +92,134 @@ def error_type(endpoint: str, status: int, api: str) -> str:
     return "BadRequestError" if api in RELEASES or status < 500 else "InternalServerError"
 
 
+_SHOWN = reprlib.Repr()  # keyword arguments only from Python 3.12
+_SHOWN.maxlevel, _SHOWN.maxdict, _SHOWN.maxlist = 3, 4, 4
+_SHOWN.maxstring = _SHOWN.maxother = _SHOWN.maxlong = 40
+
+
+def shown(value: Any) -> str:
+    """A request's value as an error message quotes it: repr (control characters and surrogates escaped), cut
+    short without building the whole repr (a body may be deep or a number 4000 digits long)."""
+    text = _SHOWN.repr(value)
+    return text if len(text) <= 80 else text[:80] + "…"
+
+
 def missing_field(field: str, body: Any) -> BadRequest:
     """vLLM's answer to a JSON body without a required field: pydantic's error, its location as the param
     (0.30.0, measured: `1 validation error:\n  {'type': 'missing', 'loc': 'body.prompt', ...}`)."""
-    shown = repr(body)
-    shown = shown if len(shown) <= 80 else shown[:80] + "…"
     return BadRequest(f"1 validation error:\n  {{'type': 'missing', 'loc': 'body.{field}', 'msg': 'Field required', "
-                      f"'input': {shown}}}", f"body.{field}")
+                      f"'input': {shown(body)}}}", f"body.{field}")
 
 
 # --- parsing helpers ------------------------------------------------------------------------------
-def decode_data_uri(url: str, param: str) -> Image.Image:
+MAX_DIGITS = 20  # an integer literal longer than this is no parameter value (2**63 has 19 digits)
+_SURROGATE = re.compile("[\ud800-\udfff]")  # after json.loads only a lone one is left (pairs are combined)
+
+
+def _bounded_int(literal: str) -> int:
+    if len(literal.lstrip("-")) > MAX_DIGITS:
+        raise BadRequest(f"invalid JSON body: a number of {len(literal.lstrip('-'))} digits (at most {MAX_DIGITS})")
+    return int(literal)
+
+
+def load_json(raw: bytes | str) -> Any:
+    """A request body as JSON, or a BadRequest in vLLM-Omni's 400 body: not JSON, nested too deep for the
+    parser, an integer literal too long to be any parameter (Python's own limit, 4300 digits, is a ValueError
+    from deep inside json), or a string holding a lone surrogate (not text: pydantic refuses it as
+    `string_unicode`, and it cannot be encoded in UTF-8 where the prompt is tokenized or an answer written).
+    Infinity and NaN are JSON to Python as they are to vLLM's parser: the parameter that gets one refuses it."""
+    try:
+        body = json.loads(raw, parse_int=_bounded_int)
+    except RecursionError:
+        raise BadRequest("invalid JSON body: nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise BadRequest(f"invalid JSON body: {exc}") from None
+    if (where := lone_surrogate(body)) is not None:
+        raise BadRequest(f"invalid JSON body: the string at {where} holds a lone surrogate, which is no text", where)
+    return body
+
+
+def lone_surrogate(value: Any) -> str | None:
+    """Where the first string (or key) holding a lone surrogate is ("messages[0].content"), None when none does.
+    Walked without recursion: the body's depth is whatever the JSON parser allowed."""
+    stack: list[tuple[str, Any]] = [("body", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii() and _SURROGATE.search(item):
+                return path
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if not key.isascii() and _SURROGATE.search(key):
+                    return f"{path} (a key)"
+                stack.append((f"{path}.{key}" if path != "body" else key, child))
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", child) for i, child in enumerate(item))
+    return None
+
+
+DATA_URI_FAILED = "could not decode the image in the data URI"
+
+
+def data_uri_bytes(url: str, param: str) -> bytes:
     m = DATA_URI.match(url)
     if not m:
         raise BadRequest("malformed image data URI: expected data:image/<type>;base64,<data>", param)
     try:
-        raw = base64.b64decode(m.group("data"), validate=True)
+        return base64.b64decode(m.group("data"), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise BadRequest(f"{DATA_URI_FAILED}: {exc}", param) from None
+
+
+def open_reference(raw: bytes, param: str, preset: AnyPreset, failed: str) -> Image.Image:
+    """The image with only its header read (PIL reads the size without decoding a pixel): a reference that
+    declares more pixels than the preset can use is refused here, before any memory is spent on it.
+    `failed` begins the message of an image that does not open."""
+    try:
         img = Image.open(io.BytesIO(raw))
+    except Exception as exc:  # whatever a crafted file makes a format plugin raise: it does not decode
+        raise BadRequest(f"{failed}: {exc}", param) from None
+    width, height = img.size
+    if width * height > preset.max_ref_pixels:
+        side = math.isqrt(preset.max_ref_pixels)
+        raise TooManyPixels(f"the image declares {width}x{height} pixels, more than the {preset.max_ref_pixels} "
+                            f"({side}x{side}) a reference may have on preset {preset.name}", param)
+    return img
+
+
+def decode_reference(img: Image.Image, param: str, failed: str) -> Image.Image:
+    """The pixels of an image whose header passed open_reference, as RGB."""
+    try:
         img.load()
-    except (binascii.Error, ValueError, OSError, Image.DecompressionBombError) as exc:
-        raise BadRequest(f"could not decode the image in the data URI: {exc}", param) from None
-    return img.convert("RGB")
+        return img.convert("RGB")
+    except Exception as exc:  # as in open_reference
+        raise BadRequest(f"{failed}: {exc}", param) from None
 
 
 def _int(value: Any, param: str, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
-        raise BadRequest(f"{param} must be an integer (got {value!r})", param)
+    # Infinity and NaN are floats a JSON body may carry (int() of them raises): not integers
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or int(value) != value:
+        raise BadRequest(f"{param} must be an integer (got {shown(value)})", param)
     if not lo <= int(value) <= hi:
-        raise BadRequest(f"{param} must be between {lo} and {hi} (got {value})", param)
+        raise BadRequest(f"{param} must be between {lo} and {hi} (got {shown(value)})", param)
     return int(value)
 
 
 def _float(value: Any, param: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise BadRequest(f"{param} must be a number (got {value!r})", param)
+        raise BadRequest(f"{param} must be a number (got {shown(value)})", param)
     return float(value)
 
 
 def _parse_size(value: Any, param: str) -> tuple[int, int]:
     m = SIZE.match(value) if isinstance(value, str) else None
     if not m:
-        raise BadRequest(f"{param} must look like 'WIDTHxHEIGHT' (got {value!r})", param)
+        raise BadRequest(f"{param} must look like 'WIDTHxHEIGHT' (got {shown(value)})", param)
     return int(m.group(1)), int(m.group(2))
 
 
-def default_size(preset: Preset, refs: tuple[Image.Image, ...]) -> tuple[int, int]:
+def default_size(preset: AnyPreset, refs: tuple[Image.Image, ...]) -> tuple[int, int]:
     """Preset default pixel count, at the first reference's aspect ratio, in multiples of 16."""
     side = preset.default_side
     if not refs:
@@ -147,7 +237,7 @@ def round_size(width: int, height: int) -> tuple[int, int]:
             max(SIDE_MULTIPLE, height // SIDE_MULTIPLE * SIDE_MULTIPLE))
 
 
-def check_size(preset: Preset, width: int, height: int, param: str) -> None:
+def check_size(preset: AnyPreset, width: int, height: int, param: str) -> None:
     for name, v in (("width", width), ("height", height)):
         if v < SIDE_MULTIPLE or v % SIDE_MULTIPLE:
             raise BadRequest(f"{name} must be a positive multiple of {SIDE_MULTIPLE} (got {v})", param)
@@ -158,7 +248,7 @@ def check_size(preset: Preset, width: int, height: int, param: str) -> None:
                          f"for preset {preset.name}", param)
 
 
-def _generation(preset: Preset, params: dict[str, Any], prompt: str, refs: tuple[Image.Image, ...],
+def _generation(preset: AnyPreset, params: dict[str, Any], prompt: str, refs: tuple[Image.Image, ...],
                 outputs_key: str, prefix: str, api: str) -> GenerationRequest:
     """The generation parameters shared by the endpoints; `prefix` names where they were read."""
     width, height = default_size(preset, refs)
@@ -195,7 +285,14 @@ def _generation(preset: Preset, params: dict[str, Any], prompt: str, refs: tuple
                              guidance_scale=guidance)
 
 
-def check_ref_count(preset: Preset, count: int, api: str) -> None:
+def max_body_bytes(preset: AnyPreset, api: str) -> int:
+    """The largest body a request this server serves can need: as many references as it takes, each of the most
+    pixels a reference may declare stored uncompressed (RGBA), in base64, and a MiB for the rest."""
+    limit = preset.ref_limit if api in RELEASES else preset.max_refs
+    return limit * preset.max_ref_pixels * 4 * 4 // 3 + 2**20
+
+
+def check_ref_count(preset: AnyPreset, count: int, api: str) -> None:
     limit = preset.ref_limit if api in RELEASES else preset.max_refs
     if count > limit:
         raise BadRequest(f"Received {count} input images. At most {limit} images are supported by this model.",
@@ -238,19 +335,21 @@ def damaged(url: str) -> str:
     return head + "," + base64.b64encode(raw[: max(1, len(raw) // 4)]).decode()
 
 
-def parse_chat(body: Any, preset: Preset, api: str = DEFAULT_API, corrupt_ref: int | None = None) -> Parsed:
+def parse_chat(body: Any, preset: AnyPreset, api: str = DEFAULT_API, corrupt_ref: int | None = None) -> Parsed:
     """POST /v1/chat/completions: prompt = text parts of user messages, references = data-URI image_url
     parts in order (http(s) URLs ignored). 0.30 drops (logs) a reference that does not decode and serves
-    the rest; 2025-12 refuses it with a 400."""
+    the rest; 2025-12 refuses it with a 400.
+
+    What a request may make the server hold is bounded before it is spent: the references are counted before
+    any is decoded (0.30 decodes, drops and then counts; a request with more than the limit of which some do
+    not decode is refused here and served there), and each one's header is read before any pixel is."""
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list", "messages")
     texts: list[str] = []
-    refs: list[Image.Image] = []
-    dropped: list[str] = []
-    received = 0
+    uris: list[tuple[str, str]] = []  # (data URI, param) of each reference, in order
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
             raise BadRequest(f"messages[{i}] must be an object", "messages")
@@ -272,27 +371,37 @@ def parse_chat(body: Any, preset: Preset, api: str = DEFAULT_API, corrupt_ref: i
                 url = iu.get("url") if isinstance(iu, dict) else iu
                 if not isinstance(url, str):
                     raise BadRequest(f"messages[{i}].content[{j}].image_url.url must be a string", "messages")
-                if not url.startswith("data:"):
-                    continue  # http(s) URLs are ignored, as upstream does
-                received += 1
-                if received == corrupt_ref:
-                    url = damaged(url)
-                try:
-                    refs.append(decode_data_uri(url, f"messages[{i}].content[{j}].image_url"))
-                except BadRequest as exc:
-                    if api not in RELEASES:
-                        raise
-                    dropped.append(exc.message)
+                if url.startswith("data:"):  # http(s) URLs are ignored, as upstream does
+                    uris.append((url, f"messages[{i}].content[{j}].image_url"))
+    check_ref_count(preset, len(uris), api)
+    opened: list[tuple[Image.Image, str]] = []
+    dropped: list[str] = []
+    for number, (url, param) in enumerate(uris, 1):
+        try:
+            raw = data_uri_bytes(damaged(url) if number == corrupt_ref else url, param)
+            opened.append((open_reference(raw, param, preset, DATA_URI_FAILED), param))
+        except BadRequest as exc:
+            if api not in RELEASES or isinstance(exc, TooManyPixels):
+                raise
+            dropped.append(exc.message)
+    refs: list[Image.Image] = []
+    for img, param in opened:
+        try:
+            refs.append(decode_reference(img, param, DATA_URI_FAILED))
+        except BadRequest as exc:
+            if api not in RELEASES:
+                raise
+            dropped.append(exc.message)
     prompt = "\n".join(t for t in texts if t.strip())
     if not prompt.strip():
         raise BadRequest("no prompt: the user messages carry no text", "messages")
     params = merged_params(body, api)
     prefix = "" if api in RELEASES else "extra_body."
     req = _generation(preset, params, prompt, tuple(refs), "num_outputs_per_prompt", prefix, api)
-    return Parsed(req, received, tuple(dropped), asks_metrics(body.get("extra_body"), body))
+    return Parsed(req, len(uris), tuple(dropped), asks_metrics(body.get("extra_body"), body))
 
 
-def parse_images(body: Any, preset: Preset, model: str = "", api: str = DEFAULT_API) -> Parsed:
+def parse_images(body: Any, preset: AnyPreset, model: str = "", api: str = DEFAULT_API) -> Parsed:
     """POST /v1/images/generations (OpenAI shape with vLLM-Omni's extensions)."""
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
@@ -316,7 +425,10 @@ def check_model(asked: Any, served: str, api: str) -> None:
         raise BadRequest(f"Model mismatch: request specifies '{asked}' but server is running '{served}'.")
 
 
-def parse_edits(form: dict[str, Any], files: list[tuple[str, bytes]], preset: Preset, model: str,
+UPLOAD_FAILED = "Failed to open uploaded file"
+
+
+def parse_edits(form: dict[str, Any], files: list[tuple[str, bytes]], preset: AnyPreset, model: str,
                 api: str = DEFAULT_API) -> Parsed:
     """POST /v1/images/edits (multipart): `image` or `image[]` files in order, `prompt`, `size` ("auto" =
     the first image's size), `n`, and vLLM-Omni's `negative_prompt`, `num_inference_steps`,
@@ -330,14 +442,8 @@ def parse_edits(form: dict[str, Any], files: list[tuple[str, bytes]], preset: Pr
     if not files:  # 0.30.0 answers 422 (measured; the message is the refserver's)
         raise BadRequest("Field 'image' or 'url' is required", "image", 422)
     check_ref_count(preset, len(files), api)
-    refs = []
-    for name, data in files:
-        try:
-            img = Image.open(io.BytesIO(data))
-            img.load()
-        except (OSError, ValueError, Image.DecompressionBombError) as exc:
-            raise BadRequest(f"Failed to open uploaded file: {exc}", name) from None
-        refs.append(img.convert("RGB"))
+    opened = [(open_reference(data, name, preset, UPLOAD_FAILED), name) for name, data in files]
+    refs = [decode_reference(img, name, UPLOAD_FAILED) for img, name in opened]
 
     def num(key: str, kind: type) -> Any:
         value = form.get(key)
@@ -345,8 +451,8 @@ def parse_edits(form: dict[str, Any], files: list[tuple[str, bytes]], preset: Pr
             return None
         try:
             return kind(value)
-        except ValueError:
-            raise BadRequest(f"{key} must be a {kind.__name__} (got {value!r})", key) from None
+        except ValueError:  # also Python's limit on the digits of an int
+            raise BadRequest(f"{key} must be a {kind.__name__} (got {shown(value)})", key) from None
 
     params: dict[str, Any] = {"num_inference_steps": num("num_inference_steps", int), "seed": num("seed", int),
                               "true_cfg_scale": num("true_cfg_scale", float),

@@ -9,7 +9,7 @@ Flags → mechanisms:
 - `--quantization fp8`: diffusers' `enable_layerwise_casting` (float8_e4m3fn storage, compute in --dtype);
   `int8`: our W8A8 linears in the blocks (runner.refserver.quant).
 - expandable segments: the allocator's own setting (PYTORCH_CUDA_ALLOC_CONF, left to the caller here).
-- `--cond-cache`: prefix.py.
+- `--cond-cache`: prefix.py (`retain`: runner.refserver.retain).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from runner.refserver.engine import (
     DTYPES,
     GenerationRequest,
     GenerationResult,
+    Leaked,
     PinnedPool,
     make_profiler,
     warm_up,
@@ -36,7 +37,7 @@ from runner.refserver.engine import (
 from runner.refserver.ledger import TensorLedger
 from runner.refserver.memory import AccountedMemory, format_size, make_device_memory
 from runner.refserver.model import _DETERMINISTIC_SDPA, module_bytes
-from runner.refserver.profiler import CACHE_NAME, ONLOAD_NAME
+from runner.refserver.profiler import CACHE_NAME, ONLOAD_NAME, RETAINED_NAME
 from runner.refserver.qwen_image import prefix as pfx
 from runner.refserver.qwen_image.model import (
     LATENT_CHANNELS,
@@ -48,6 +49,7 @@ from runner.refserver.qwen_image.model import (
     quantize_blocks,
     unpack,
 )
+from runner.refserver.retain import Retained, RetainedConditions, reference_key
 
 log = logging.getLogger("refserver")
 
@@ -103,6 +105,8 @@ class QwenEngine:
         self.weights_pinned_bytes = 0
         self.host_pinned_bytes = 0
         self.visiting: HostWeights | None = None  # --enable-cpu-offload: the whole transformer, per request
+        self.retained = RetainedConditions()  # --cond-cache retain: kept across requests
+        self.leaked = Leaked()  # --fault leak
         self.stand_ins = StandIns(self.p, config.seed_weights)
         self.profiler = make_profiler(config.profiler, self.device, self.mem)
         t0 = time.perf_counter()
@@ -179,6 +183,7 @@ class QwenEngine:
                 f"device={self.device} dtype={c.dtype} quantization={c.quantization} offload={c.offload} "
                 f"cond_cache={c.cond_cache} api={c.api} layers={p.layers} heads={p.heads}x{p.head_dim} "
                 f"joint_attention_dim={p.joint_dim} ref_tokens={p.ref_tokens} params={self.params / 1e6:.2f}M "
+                f"cond_cache_bytes_per_reference={self.cond_cache_bytes_per_reference()} "
                 f"weight_bytes={self.weight_bytes} ({format_size(self.weight_bytes)}) vram_cap={cap} "
                 f"threads={torch.get_num_threads()} load_s={self.load_seconds:.2f}")
 
@@ -188,10 +193,13 @@ class QwenEngine:
         t0 = time.perf_counter()
         self.mem.fit_to_device()
         self.mem.reset_peak()
+        self.retained.new_request()
         try:
             with ExitStack() as stack:
                 stack.enter_context(torch.inference_mode())
                 stack.enter_context(self.counted())
+                if req.leak_bytes:  # fault leak: part of this request's peak, and never freed
+                    self.leaked.add(self, req.leak_bytes)
                 if self.device.type == "cuda":
                     stack.enter_context(sdpa_kernel(_DETERMINISTIC_SDPA))
                 if self.visiting is not None:
@@ -220,8 +228,10 @@ class QwenEngine:
         cfg = req.true_cfg_scale > 1.0 and req.negative_prompt is not None
         prompts = [req.prompt, req.negative_prompt or ""] if cfg else [req.prompt]
         texts = [self.stand_ins.text(t).to(dev, dt) for t in prompts]
-        refs = [self.stand_ins.encode_reference(im).to(dev, dt) for im in req.references]
-        cond = torch.cat(refs, dim=1) if refs else None
+        encoded = [self.stand_ins.encode_reference(im) for im in req.references]
+        refs = [e.to(dev, dt) for e in encoded]
+        retain = self.config.cond_cache == "retain"
+        cond = torch.cat(refs, dim=1) if refs and not retain else None
         h, w = req.height // VAE_FACTOR, req.width // VAE_FACTOR
         th, tw = h // 2, w // 2
         img_shapes = [[(1, th, tw)] + [(1, p.ref_grid, p.ref_grid)] * len(refs)]
@@ -231,7 +241,19 @@ class QwenEngine:
         gen = torch.Generator(device=dev).manual_seed(req.seed)
         images = []
         try:
-            if cached:  # the condition's K/V, made once at request start and kept to its end
+            if retain:  # each reference's K/V kept across requests; the text's made for this request
+                kept = [self._retained(slot, e, ref, texts[0], img_shapes, th * tw)
+                        for slot, (e, ref) in enumerate(zip(encoded, refs, strict=True))]
+                del refs
+                self.mem.kv_label = CACHE_NAME if self.profiler else ""
+                for text in texts:
+                    own = pfx.DevicePrefix(th * tw, self.mem.labelled)
+                    nothing = torch.zeros(1, 0, LATENT_CHANNELS * 4, device=dev, dtype=dt)
+                    self._run(nothing, text, 0.0, img_shapes, own)
+                    own.filling = False
+                    prefixes.append(pfx.RetainedPrefix(own, kept))
+                    self.cache_bytes["device"] += own.nbytes
+            elif cached:  # the condition's K/V, made once at request start and kept to its end
                 for text in texts:
                     prefix = self._prefix(th * tw)
                     nothing = torch.zeros(1, 0, LATENT_CHANNELS * 4, device=dev, dtype=dt)  # no references
@@ -260,6 +282,29 @@ class QwenEngine:
             self.mem.kv_label = ""
         cond_tokens = int(texts[0].shape[1]) + (int(cond.shape[1]) if cond is not None else 0)
         return images, cond_tokens, int(texts[0].shape[1])
+
+    def _retained(self, slot: int, encoded: Tensor, ref: Tensor, text: Tensor,
+                  img_shapes: list[list[tuple[int, int, int]]], target_tokens: int) -> list[tuple[Tensor, Tensor]]:
+        """The reference's K/V in place `slot`, every layer: kept from an earlier request, else made now from the
+        reference alone (no text, its own RoPE positions) and kept."""
+        key = reference_key(slot, encoded.numpy())
+        entry = self.retained.get(key)
+        if entry is None:
+            start = target_tokens + slot * self.p.ref_tokens
+            prefix = pfx.DevicePrefix(target_tokens, self.mem.labelled, slice(start, start + self.p.ref_tokens))
+            self.mem.kv_label = RETAINED_NAME if self.profiler else ""
+            try:
+                self._run(ref, text[:, :0], 0.0, img_shapes, prefix)
+            finally:
+                self.mem.kv_label = ""
+            entry = Retained([prefix.kv[layer] for layer in range(self.p.layers)], prefix.nbytes)
+            self.retained.put(key, entry)
+        return entry.kv
+
+    def cond_cache_bytes_per_reference(self) -> int:
+        """Device-mode cache bytes one reference adds per CFG pass, and what `retain` keeps per reference (K and
+        V, every layer)."""
+        return 2 * self.p.layers * self.p.ref_tokens * self.p.dim * torch.empty((), dtype=self.dtype).element_size()
 
     def _run(self, hidden: Tensor, text: Tensor, t: float, img_shapes: list[list[tuple[int, int, int]]],
              prefix: pfx.Prefix | None) -> Tensor:

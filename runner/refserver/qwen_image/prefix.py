@@ -7,7 +7,8 @@ then each layer's condition K/V are a per-request constant. The model's own forw
 once over the condition alone (`Prefix.filling`: the text stream and the reference tokens, K/V kept layer by
 layer) and then once per step over the target alone, with an empty text stream (`Prefix.reading`: the
 target's queries attend over [kept K/V | its own K/V]). The cache is kept on the device for the request
-(`device`) or in host memory, copied in layer by layer (`host`).
+(`device`) or in host memory, copied in layer by layer (`host`); `retain` makes each reference's K/V from that
+reference alone, once, and keeps it on the device across requests (runner.refserver.retain).
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ from torch import Tensor
 class Prefix:
     """One CFG pass's condition K/V for one request, layer by layer."""
 
-    def __init__(self, target_tokens: int) -> None:
+    def __init__(self, target_tokens: int, cond_freqs: slice | None = None) -> None:
         self.target_tokens = target_tokens
+        # the RoPE positions of the condition's image tokens while filling: by default all the references, after
+        # the target; one reference's own (`retain` fills one reference at a time)
+        self.cond_freqs = cond_freqs if cond_freqs is not None else slice(target_tokens, None)
         self.filling = True
         self.nbytes = 0
 
@@ -43,6 +47,11 @@ class Prefix:
     def get(self, layer: int) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
 
+    def parts(self, layer: int) -> tuple[list[Tensor], list[Tensor]]:
+        """The condition's K and V of a layer, in pieces the reading attention joins with the target's."""
+        k, v = self.get(layer)
+        return [k], [v]
+
     def release(self, layer: int) -> None:
         """After a reading layer's attention: a staged copy may go."""
 
@@ -51,8 +60,9 @@ class Prefix:
 
 
 class DevicePrefix(Prefix):
-    def __init__(self, target_tokens: int, labelled: Callable[[], AbstractContextManager[None]]) -> None:
-        super().__init__(target_tokens)
+    def __init__(self, target_tokens: int, labelled: Callable[[], AbstractContextManager[None]],
+                 cond_freqs: slice | None = None) -> None:
+        super().__init__(target_tokens, cond_freqs)
         self.kv: dict[int, tuple[Tensor, Tensor]] = {}
         self.labelled = labelled
 
@@ -68,6 +78,24 @@ class DevicePrefix(Prefix):
 
     def close(self) -> None:
         self.kv.clear()
+
+
+class RetainedPrefix(Prefix):
+    """`--cond-cache retain`: the text's K/V made for this request (a DevicePrefix over the text alone), each
+    reference's kept across requests (runner.refserver.retain); read as [text | reference 1 | reference 2 ...]."""
+
+    def __init__(self, text: Prefix, references: list[list[tuple[Tensor, Tensor]]]) -> None:
+        super().__init__(text.target_tokens)
+        self.text, self.references = text, references
+        self.filling = False
+        self.nbytes = text.nbytes  # what this request adds; the kept references are the store's
+
+    def parts(self, layer: int) -> tuple[list[Tensor], list[Tensor]]:
+        k, v = self.text.get(layer)
+        return [k, *(kv[layer][0] for kv in self.references)], [v, *(kv[layer][1] for kv in self.references)]
+
+    def close(self) -> None:
+        self.text.close()
 
 
 class HostPrefix(Prefix):
@@ -171,7 +199,7 @@ class PrefixAttnProcessor:
             tq, tk, tv = _project(attn, encoder_hidden_states, text=True)
             rq, rk, rv = _project(attn, hidden_states, text=False)
             tq, tk = _rope(tq, txt_freqs), _rope(tk, txt_freqs)
-            rq, rk = _rope(rq, img_freqs[n:]), _rope(rk, img_freqs[n:])
+            rq, rk = _rope(rq, img_freqs[prefix.cond_freqs]), _rope(rk, img_freqs[prefix.cond_freqs])
             with prefix.keeping():
                 k, v = torch.cat([tk, rk], dim=1), torch.cat([tv, rv], dim=1)
             out = _attend(torch.cat([tq, rq], dim=1), k, v).flatten(2, 3).to(tq.dtype)
@@ -182,8 +210,8 @@ class PrefixAttnProcessor:
         else:  # the target alone, over the kept condition
             q, k, v = _project(attn, hidden_states, text=False)
             q, k = _rope(q, img_freqs[:n]), _rope(k, img_freqs[:n])
-            ck, cv = prefix.get(self.layer)
-            img_out = _attend(q, torch.cat([ck, k], dim=1), torch.cat([cv, v], dim=1)).flatten(2, 3).to(q.dtype)
+            ck, cv = prefix.parts(self.layer)
+            img_out = _attend(q, torch.cat([*ck, k], dim=1), torch.cat([*cv, v], dim=1)).flatten(2, 3).to(q.dtype)
             del ck, cv
             prefix.release(self.layer)
             txt_out = img_out[:, :0]  # the text stream is empty while reading
