@@ -6,6 +6,7 @@ with the exit code and the log tail (vLLM-Omni may exit at an init OOM, or hang 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
@@ -176,7 +177,11 @@ class RunningServer(ABC):
     def seal_log(self) -> None:
         """Once the server is stopped: its log rewritten as the runner keeps server text (quote.py: resolved
         values masked, control characters visible), so no file of the run holds a secret or a raw escape.
-        Line by line into a temporary file, then renamed over it; a log that cannot be rewritten stays."""
+        Line by line into a temporary file, then renamed over it; a log that cannot be rewritten stays.
+
+        Never raises: it runs where a session closes, often while a StoreError (a full or read-only results
+        folder) is on its way to the one line the user sees; on a read-only file system even removing a
+        temporary file that was never made fails (EROFS), and that must not replace it (issue 46 D-1)."""
         path = self.log_path
         tmp = path.with_name(f".{path.name}.sealing")
         try:
@@ -185,7 +190,8 @@ class RunningServer(ABC):
                     out.write(quote.inert(quote.mask(line.decode("utf-8", "replace"), self.secrets)).encode())
             os.replace(tmp, path)
         except OSError:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
 
     def log_tail(self, size: int = START_LOG_BYTES) -> str:
         """The end of the log a failed start is classified from (failures.START_LOG_BYTES: the whole of a
