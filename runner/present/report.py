@@ -20,6 +20,7 @@ from runner.judge.verdict import IdenticalPair, identical_pairs
 from runner.judge.verdict_text import findings_lines, summary
 from runner.observe import quote
 from runner.observe.failures import without_stamp
+from runner.observe.files import NotRead
 from runner.present import plots
 from runner.run.store import RunStore, StoreError, atomic_write, inside, read_memory
 
@@ -342,9 +343,12 @@ def _card_section(store: RunStore, v: Verdict, cards: dict[str, Any], sessions: 
     for s in card_sessions:
         image = _plot_path(out, f"{s.card}--{s.flags}-memory.png")
         folder = store.session_dir(s.key)
-        rows, unreadable = read_memory(folder / "memory.csv")
-        left_out = (f"memory.csv of {quote.code(s.key)}: {unreadable} line(s) are not samples and were left out"
-                    if unreadable else None)
+        try:
+            rows, unreadable = read_memory(folder / "memory.csv")
+            left_out = (f"memory.csv of {quote.code(s.key)}: {unreadable} line(s) are not samples and were left "
+                        "out" if unreadable else None)
+        except NotRead as exc:  # a FIFO where memory.csv goes is said, never waited on
+            rows, left_out = [], f"memory.csv of {quote.code(s.key)} was not read: {exc}"
         if not _fresh(image, [folder / "session.json", folder / "memory.csv", *folder.glob("refs-*/*.json")]):
             fig = plots.session_figure(s, [st for st in card_steps if st.flags == s.flags], rows, capacity)
             if fig is None:

@@ -7,7 +7,9 @@ import base64
 import io
 import json
 import os
+import shutil
 import subprocess
+import sys
 import textwrap
 import threading
 import time
@@ -182,3 +184,99 @@ def test_d1_a_results_folder_made_read_only_mid_run_is_the_one_line_store_error(
     assert "Read-only file system" in message and "\n" not in message, message
     assert "every record finished before it is kept" in message
     assert (store.root / "run.json").is_file()  # what was written before stays
+
+
+# --- D-2: a FIFO where a record, a session or memory.csv should be -----------------------------------------
+RUN_MATRIX = """
+[run]
+name = "f"
+seeds = [1, 2]
+repeats = 1
+determinism_check = false
+restarts = 0
+steps = 2
+size = "64x64"
+request_timeout_s = 10
+ready_timeout_s = 20
+results_dir = "{results}"
+
+[servers.h]
+command = ["{{python}}", "{hostile}", "--port", "{{port}}", "--mode", "ok"]
+
+[cards.c]
+server = "h"
+vram_gib = 1
+meters = ["host"]
+
+[flags.default]
+role = "default"
+
+[fixtures.one]
+prompt = "a cat"
+references = ["{ref}"]
+
+[matrix]
+references = [1]
+"""
+HANG_S = 60  # far beyond what a report or a one-step resume of this run takes; a FIFO waited on never ends
+
+
+def runner(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "runner", *args], capture_output=True, text=True, timeout=HANG_S)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One real, tiny, finished run (two steps on the control server), copied by each test that plants a FIFO."""
+    tmp = tmp_path_factory.mktemp("fifo")
+    matrix = tmp / "matrix.toml"
+    matrix.write_text(textwrap.dedent(RUN_MATRIX.format(results=tmp / "results", hostile=HOSTILE, ref=REF)))
+    proc = runner(str(matrix), "--no-progress")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return next((tmp / "results").glob("f-*"))
+
+
+def planted(finished: Path, tmp: Path, relative: str) -> tuple[Path, Path]:
+    """The finished run copied into tmp, with a FIFO made where `relative` was: (run folder, the FIFO)."""
+    run = tmp / "run"
+    shutil.copytree(finished, run)
+    fifo = run / relative
+    fifo.unlink()
+    os.mkfifo(fifo)
+    return run, fifo
+
+
+FIFO_PLACES = ["c/default/refs-1/one-seed-1.json", "c/default/session.json", "c/default/memory.csv"]
+
+
+@pytest.mark.parametrize("relative", FIFO_PLACES)
+def test_d2_report_skips_a_fifo_with_one_line_instead_of_hanging(finished: Path, tmp_path: Path,
+                                                               relative: str) -> None:
+    """Before: `runner report` hung in open() on the FIFO, forever (only a second Ctrl-C ended it)."""
+    run, fifo = planted(finished, tmp_path, relative)
+    proc = runner("report", str(run))
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    said = [ln for ln in proc.stderr.splitlines() if "FIFO" in ln] + \
+        [ln for ln in (run / "report.md").read_text().splitlines() if "FIFO" in ln]
+    assert len(said) == 1 and "not a regular file (a FIFO)" in said[0], proc.stderr[-2000:]
+    assert (run / "verdict.json").is_file() and fifo.exists()  # the report is written; the FIFO left as it is
+
+
+def test_d2_resume_over_a_fifo_record_sends_its_step_again_and_keeps_the_fifo_aside(finished: Path,
+                                                                                  tmp_path: Path) -> None:
+    run, fifo = planted(finished, tmp_path, FIFO_PLACES[0])
+    proc = runner(str(finished.parents[1] / "matrix.toml"), "--resume", str(run), "--no-progress")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "1 step(s) to send" in proc.stderr and "one-seed-1: ok" in proc.stderr, proc.stderr[-2000:]
+    assert json.loads(fifo.read_text())["status"] == "ok"  # a record again
+    assert fifo.with_name(fifo.name + ".skipped").is_fifo()  # what stood there is kept beside, never read
+
+
+def test_d2_a_fifo_where_a_steps_image_goes_is_no_image_not_a_hang(finished: Path, tmp_path: Path) -> None:
+    """The image is read back by the cell rescoring and by auto top-ups."""
+    run, _ = planted(finished, tmp_path, "c/default/refs-1/one-seed-1.png")
+    lines: list[str] = []
+    store = RunStore(run, warn=lines.append)
+    assert within(HANG_S, lambda: store.read_png("c/default/refs-1/one-seed-1")) is None
+    assert len(lines) == 1 and "not a regular file (a FIFO)" in lines[0], lines
+    assert within(HANG_S, lambda: store.read_png("c/default/refs-1/one-seed-2")).startswith(b"\x89PNG")
