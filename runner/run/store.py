@@ -58,6 +58,28 @@ def inside(root: Path, relative: str) -> Path:
     return path
 
 
+NEW_FOLDER_TRIES = 100  # <id>, <id>-2 … <id>-100: runs of one name started in one second, on one results folder
+
+
+def new_run_folder(parent: Path, name: str) -> Path:
+    """A new run's folder, made exclusively: `parent/name`, or `name-2`, `name-3`… when that exists. Two runs of
+    one name started in the same second each get their own, and a new run never writes into a folder that is
+    there already (another matrix's run.json and records). A folder that cannot be made is one line."""
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        for n in range(1, NEW_FOLDER_TRIES + 1):
+            folder = parent / (name if n == 1 else f"{name}-{n}")
+            try:
+                folder.mkdir()
+                return folder
+            except FileExistsError:
+                continue
+    except OSError as exc:
+        raise UserError(f"cannot make the run folder {parent / name}: {exc.strerror or exc}") from None
+    raise UserError(f"cannot make the run folder {parent / name}: it and {NEW_FOLDER_TRIES - 1} suffixed ones "
+                    "exist already")
+
+
 def _current_umask() -> int:
     mask = os.umask(0o022)  # read once, at import (before any lane thread exists): umask is process-wide
     os.umask(mask)

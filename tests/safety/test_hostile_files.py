@@ -280,3 +280,51 @@ def test_d2_a_fifo_where_a_steps_image_goes_is_no_image_not_a_hang(finished: Pat
     assert within(HANG_S, lambda: store.read_png("c/default/refs-1/one-seed-1")) is None
     assert len(lines) == 1 and "not a regular file (a FIFO)" in lines[0], lines
     assert within(HANG_S, lambda: store.read_png("c/default/refs-1/one-seed-2")).startswith(b"\x89PNG")
+
+
+# --- D-3: a new run whose folder name is taken (same run name, same second) --------------------------------
+FROZEN = 1_796_000_000.0  # the clock both runs read: the same second, by construction
+
+
+class _FrozenClock:
+    class datetime:  # stands in for the datetime class app reads the time from
+        @staticmethod
+        def now() -> Any:
+            import datetime as real
+
+            return real.datetime.fromtimestamp(FROZEN)
+
+
+@pytest.mark.parametrize("other", ["finished", "running"])
+def test_d3_a_new_run_never_adopts_nor_is_refused_a_folder_of_another_run_of_its_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], other: str) -> None:
+    """Before: the second run of a name started in the same second was refused "in use" (the first held the
+    folder's lock) though it asked for a new run; or, when the other run had finished, it adopted its folder:
+    run.json overwritten, the other's records in its report."""
+    from runner import app
+    from runner.core.units import slug
+    from runner.run import runlock
+
+    monkeypatch.setattr(app, "dt", _FrozenClock)
+    results = tmp_path / "results"
+    theirs = results / f"{slug('f')}-{runinfo.iso_time(FROZEN).replace(':', '')}"
+    (theirs / "c" / "default" / "refs-1").mkdir(parents=True)
+    their_run = json.dumps({"run_id": theirs.name, "matrix": {"path": "/elsewhere/other.toml", "text": "x"}})
+    (theirs / "run.json").write_text(their_run)
+    their_step = theirs / "c" / "default" / "refs-1" / "one-seed-1.json"
+    their_step.write_text('{"the other matrix": 1}')
+    held = runlock.acquire(theirs) if other == "running" else None
+    matrix = tmp_path / "matrix.toml"
+    matrix.write_text(textwrap.dedent(RUN_MATRIX.format(results=results, hostile=HOSTILE, ref=REF)))
+    try:
+        code = within(120, lambda: app.run(str(matrix), progress=False))
+    finally:
+        if held is not None:
+            held.release()
+    err = capsys.readouterr().err
+    assert code == 0, err[-3000:]
+    assert (theirs / "run.json").read_text() == their_run and their_step.read_text() == '{"the other matrix": 1}'
+    mine = theirs.with_name(theirs.name + "-2")
+    doc = json.loads((mine / "run.json").read_text())
+    assert doc["run_id"] == mine.name and doc["matrix"]["path"] == str(matrix)
+    assert len(list(mine.glob("c/default/refs-1/*.json"))) == 2 and f"→ {mine}" in err
