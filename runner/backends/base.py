@@ -12,7 +12,7 @@ import re
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,16 @@ PROBE_BYTES = 1 << 20  # a /health answer larger than this is not one
 PORT_TRIES = 3  # starts of one server whose picked port another process may take before it listens
 # A server that could not listen because the port was taken: Python's errno text, uvicorn's, Go/C servers'.
 ADDRESS_IN_USE = re.compile(r"\[Errno 98\]|address already in use|EADDRINUSE", re.IGNORECASE)
+
+
+def port_loss_notes(start: int, losses: Sequence[str]) -> list[str]:
+    """One note per try of server start `start` that lost its picked port, for the session's record: each loss
+    was followed by another try, except the last when the losses used up PORT_TRIES: that one ended the start
+    (`launch`), and its note says so (issue 46 L-1)."""
+    gave_up = len(losses) >= PORT_TRIES
+    return [f"start {start}: {lost}; " + ("the start failed: the port was lost at every try"
+                                          if gave_up and i == len(losses) - 1 else "started again on another port")
+            for i, lost in enumerate(losses)]
 
 
 @dataclass(frozen=True)
