@@ -36,7 +36,7 @@ from runner.run import runlock
 from runner.run.events import Events, Fanout
 from runner.run.interrupts import Interrupts, exit_code
 from runner.run.pending import Pending, pending
-from runner.run.store import RunStore
+from runner.run.store import RunStore, new_run_folder
 
 EXIT_OK, EXIT_INCOMPLETE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -79,6 +79,17 @@ def open_run(matrix_path: str, results: str | None, resume: str | None) -> Opene
     run_id = slug(matrix.run.name) + "-" + runinfo.iso_time(started).replace(":", "")
     root = (Path(results) if results else matrix.run.results_dir) / run_id
     return Opened(matrix, plan, RunStore(root), run_id, runinfo.run_doc(matrix, plan, run_id, started), False)
+
+
+def claimed(run: Opened) -> Opened:
+    """A new run with its own folder, made here and only here (store.new_run_folder: exclusively). When the
+    planned one exists (a run of the same name started in the same second, or any folder of that name), the run
+    takes the next free suffix as its id too, so run.json, the Slurm job names and the folder agree."""
+    root = new_run_folder(run.store.root.parent, run.run_id)
+    if root.name == run.run_id:
+        return run
+    doc = runinfo.run_doc(run.matrix, run.plan, root.name, float(run.run_doc["started_at"]))
+    return replace(run, store=RunStore(root), run_id=root.name, run_doc=doc)
 
 
 def left_to_do(run: Opened) -> Pending:
@@ -286,6 +297,7 @@ def run(matrix_path: str, *, results: str | None = None, resume: str | None = No
         if not opened.resumed:  # a new run: an unreachable host ends it before its folder (and lock) exists
             todo = check_reachable(opened.matrix, pending(opened.plan, (), ()), skip_unreachable=skip_unreachable)
             check_flags(opened.matrix, opened.plan, todo, stop)
+            opened = claimed(opened)
         lock = runlock.acquire(opened.store.root)  # a second runner on this folder is refused here
         try:
             return _run(opened, command, progress, metrics_port, skip_unreachable, interrupts, live, todo)

@@ -29,6 +29,10 @@ EXIT_HELP = """exit status of a run:
        signal stops at once"""
 
 COMMANDS = ("run", "plan", "report", "compare", "schema", "provision", "refserver", "meter")
+# The run folders a person names, made absolute here and nowhere else: the folder reaches a Slurm job step
+# (`sbatch --chdir` and `--output` inside it: a relative path there is read from the folder itself), run.json and
+# the printed resume command, none of which runs in this working folder (issue 46 R-1).
+RUN_FOLDER_ARGS = ("results", "resume", "run_dir", "estimate_from")
 
 
 def invoked_as(argv0: str | None = None, executable: str | None = None) -> list[str]:
@@ -52,6 +56,19 @@ def _from_cwd(path: str) -> str:
     except ValueError:
         return path
     return str(rel) if len(rel.parts) > 1 else f"./{rel}"
+
+
+def absolute_folders(args: argparse.Namespace) -> argparse.Namespace:
+    """`args` with every run folder given resolved against the working folder (as the matrix's results_dir is)."""
+    for name in RUN_FOLDER_ARGS:
+        value = getattr(args, name, None)
+        if value is not None:
+            try:
+                setattr(args, name, str(Path(value).resolve()))
+            except (OSError, RuntimeError) as exc:  # RuntimeError: a loop of symbolic links
+                raise UserError(f"{value}: cannot resolve this folder: {getattr(exc, 'strerror', None) or exc}") \
+                    from None
+    return args
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -220,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         argv.insert(0, "run")
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        return absolute_folders(args).func(args)
     except BrokenPipeError:  # `runner plan m.toml | head`: the reader left; no traceback for that
         sys.stderr.close()
         return 0

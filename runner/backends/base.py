@@ -6,12 +6,13 @@ with the exit code and the log tail (vLLM-Omni may exit at an init OOM, or hang 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,16 @@ PROBE_BYTES = 1 << 20  # a /health answer larger than this is not one
 PORT_TRIES = 3  # starts of one server whose picked port another process may take before it listens
 # A server that could not listen because the port was taken: Python's errno text, uvicorn's, Go/C servers'.
 ADDRESS_IN_USE = re.compile(r"\[Errno 98\]|address already in use|EADDRINUSE", re.IGNORECASE)
+
+
+def port_loss_notes(start: int, losses: Sequence[str]) -> list[str]:
+    """One note per try of server start `start` that lost its picked port, for the session's record: each loss
+    was followed by another try, except the last when the losses used up PORT_TRIES: that one ended the start
+    (`launch`), and its note says so (issue 46 L-1)."""
+    gave_up = len(losses) >= PORT_TRIES
+    return [f"start {start}: {lost}; " + ("the start failed: the port was lost at every try"
+                                          if gave_up and i == len(losses) - 1 else "started again on another port")
+            for i, lost in enumerate(losses)]
 
 
 @dataclass(frozen=True)
@@ -176,7 +187,11 @@ class RunningServer(ABC):
     def seal_log(self) -> None:
         """Once the server is stopped: its log rewritten as the runner keeps server text (quote.py: resolved
         values masked, control characters visible), so no file of the run holds a secret or a raw escape.
-        Line by line into a temporary file, then renamed over it; a log that cannot be rewritten stays."""
+        Line by line into a temporary file, then renamed over it; a log that cannot be rewritten stays.
+
+        Never raises: it runs where a session closes, often while a StoreError (a full or read-only results
+        folder) is on its way to the one line the user sees; on a read-only file system even removing a
+        temporary file that was never made fails (EROFS), and that must not replace it (issue 46 D-1)."""
         path = self.log_path
         tmp = path.with_name(f".{path.name}.sealing")
         try:
@@ -185,7 +200,8 @@ class RunningServer(ABC):
                     out.write(quote.inert(quote.mask(line.decode("utf-8", "replace"), self.secrets)).encode())
             os.replace(tmp, path)
         except OSError:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
 
     def log_tail(self, size: int = START_LOG_BYTES) -> str:
         """The end of the log a failed start is classified from (failures.START_LOG_BYTES: the whole of a

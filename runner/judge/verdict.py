@@ -33,7 +33,7 @@ import itertools
 import math
 import random
 import statistics
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import TYPE_CHECKING
@@ -177,9 +177,17 @@ def server_says(failure: Failure) -> tuple[str, ...]:
     return server_lines(failure)
 
 
-def ratio_interval(num: tuple[float, ...], den: tuple[float, ...], *, level: float = 0.95, draws: int = 2000,
+def ratio_interval(num: Sequence[float], den: Sequence[float], *, level: float = 0.95, draws: int = 2000,
                    seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap of median(num) / median(den), each side resampled on its own with a fixed seed."""
+    """Percentile bootstrap of median(num) / median(den), each side resampled on its own with a fixed seed.
+    A pure function of its arguments, so remembered: the verdict, profiles.json and the cost's replay of when
+    each verdict was known ask it of the same walls again and again (a third of a 100-session report's time)."""
+    return _bootstrap(tuple(num), tuple(den), level, draws, seed)
+
+
+@functools.lru_cache(maxsize=4096)
+def _bootstrap(num: tuple[float, ...], den: tuple[float, ...], level: float, draws: int,
+               seed: int) -> tuple[float, float]:
     rng = random.Random(seed)
     med = statistics.median
     ratios = sorted(med(rng.choices(num, k=len(num))) / med(rng.choices(den, k=len(den))) for _ in range(draws))

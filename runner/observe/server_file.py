@@ -1,4 +1,5 @@
-"""A file a server wrote into the run folder (an allocator snapshot, a profiler trace), read as untrusted input.
+"""A file of a run folder read as untrusted input: what a server wrote there (an allocator snapshot, a profiler
+trace), and the runner's own records, memory.csv and plots, which an edit or a crafted folder may have replaced.
 
 A server writes where it likes inside its profiler folder: a symlink to /dev/zero (`stat` says 0 bytes; reading
 never ends), to /etc/passwd or to any file the runner can read, a FIFO (`open` blocks until a writer comes), a
@@ -6,6 +7,10 @@ directory. A path is therefore opened one component at a time from the real path
 following a link (O_NOFOLLOW: a link anywhere below the run folder is refused) and never blocking (O_NONBLOCK);
 what is opened must be a regular file (fstat), and at most `max_bytes` + 1 bytes are read. Each refusal is one
 line in our words (NotRead).
+
+The runner's own files (open_regular, read_regular) follow links, since a person may link a record in, but are
+still opened without blocking and refused unless regular: a FIFO in a record's place hung `runner report` and
+`--resume` (issue 46 D-2).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import re
 import stat
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 from runner.observe import quote
 
@@ -97,3 +103,33 @@ def read(root: Path, relative: str, max_bytes: int) -> bytes:
         raise NotRead(_why(exc)) from None
     finally:
         os.close(file)
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """`path` opened for reading when it is a regular file (links followed), else NotRead; never blocks. The
+    check is on the open descriptor itself, so nothing can be swapped in between."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise NotRead(exc.strerror or str(exc)) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRead(f"not a regular file ({kind(mode)})")
+        os.set_blocking(fd, True)  # a regular file: reads as usual from here
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes, else NotRead saying why."""
+    with open_regular(path) as f:
+        try:
+            data = f.read(limit + 1)
+        except OSError as exc:
+            raise NotRead(exc.strerror or str(exc)) from None
+    if len(data) > limit:
+        raise NotRead(f"larger than {limit} bytes")
+    return data

@@ -13,6 +13,10 @@ from runner.core.records import SoakRequest, StepRecord
 from runner.present.livepage import CSP, PAGE, LiveState, live_json
 from runner.run.events import Events, Fanout  # noqa: F401  (Fanout: used by callers via this module)
 
+# How long a connection may keep its handler thread without sending a whole request: a browser or Prometheus
+# sends at once; an idle or stalled connection (181 of them held 75 threads, issue 46 L-2) is closed after it.
+HANDLER_TIMEOUT_S = 5.0
+
 
 class RunExporter(Events):
     def __init__(self, run_id: str, port: int, host: str = "127.0.0.1",
@@ -96,6 +100,8 @@ def serve(registry: CollectorRegistry, live: LiveState, host: str, port: int) ->
     """/metrics for Prometheus, / and /live.json for a browser; anything else is a 404."""
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = HANDLER_TIMEOUT_S  # the socket's, for every read and write of this connection
+
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":

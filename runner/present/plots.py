@@ -32,6 +32,7 @@ from runner.core.registry import METERS
 from runner.core.units import clip, fmt_bytes, fmt_s, refs_text, unit_for
 from runner.judge.decision import Cell
 from runner.judge.findings.models import HeldMemory, HeldSite
+from runner.present.redraw import KEY
 from runner.run.store import atomic_write
 
 COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
@@ -82,10 +83,12 @@ def subplots(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float], **
     return fig, fig.subplots(nrows, ncols, **kwargs)
 
 
-def save(fig: Figure, out: Path) -> Path:
-    """Written whole or not at all (a kill while the report is written leaves the previous plot)."""
+def save(fig: Figure, out: Path, inputs: str | None = None) -> Path:
+    """Written whole or not at all (a kill while the report is written leaves the previous plot). `inputs`: the
+    digest of what it draws (runner.present.redraw), kept in the PNG itself."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight",
+                metadata={KEY: inputs} if inputs is not None else None)
     atomic_write(out, buf.getvalue())
     return out
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 import statistics
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.core.records import Failure, SessionRecord, Status, StepRecord
 from runner.core.registry import METERS
@@ -21,8 +21,12 @@ from runner.judge.verdict import IdenticalPair, identical_pairs
 from runner.judge.verdict_text import findings_lines, summary
 from runner.observe import quote
 from runner.observe.failures import without_stamp
-from runner.present import plots
+from runner.observe.server_file import NotRead
+from runner.present import plots, redraw
 from runner.run.store import RunStore, StoreError, atomic_write, inside, read_memory
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TERMS = [
     "**request peak** — one request's device-memory peak, from the first available source in the card's meter "
@@ -271,14 +275,18 @@ def write_report(store: RunStore, verdicts: list[Verdict], cost: Sequence[str] =
     return path
 
 
-def _fresh(image: Path, sources: list[Path]) -> bool:
-    """A session's plot newer than every record it draws is kept: a resume that sent one step of a
-    100-session run redraws that session's plot, not all of them."""
-    try:
-        drawn = image.stat().st_mtime_ns
-    except OSError:
+def _drawn(image: Path, figure: Callable[..., Figure | None], *inputs: Any) -> bool:
+    """Whether `image` shows figure(*inputs): kept when the plot on disk was drawn from the same inputs (its
+    digest, runner.present.redraw), else drawn now; False when the figure has nothing to draw. A resume that
+    sent one step of a 100-session run redraws that card's plots and that session's, not all 137."""
+    key = redraw.digest(figure.__name__, *inputs)
+    if redraw.drawn_digest(image) == key:
+        return True
+    fig = figure(*inputs)
+    if fig is None:
         return False
-    return all(p.stat().st_mtime_ns < drawn for p in sources if p.exists())
+    plots.save(fig, image, key)
+    return True
 
 
 def _held(v: Verdict) -> list[tuple[str, HeldMemory]]:
@@ -350,28 +358,30 @@ def _card_section(store: RunStore, v: Verdict, cards: dict[str, Any], sessions: 
                       render(reconcile(s.session_peaks)), ""]
     never_ready = {s.flags: plots.start_failure_label(s.start_failure) for s in card_sessions
                    if s.start_failure}
-    figs = [("capacity", plots.capacity_figure(v.card, v.cells, order, capacity, styles, never_ready)
-             if v.cells else None),
-            ("latency", plots.latency_figure(v.card, card_steps, v.cells, order, styles)),
-            ("held", plots.held_figure(v.card, _held(v), capacity))]
-    for name, fig in figs:
-        if fig is not None:
-            image = plots.save(fig, _plot_path(out, f"{v.card}-{name}.png"))
+    figs: list[tuple[str, Callable[..., Figure | None], tuple[Any, ...]]] = [
+        ("latency", plots.latency_figure, (v.card, card_steps, v.cells, order, styles)),
+        ("held", plots.held_figure, (v.card, _held(v), capacity))]
+    if v.cells:
+        figs.insert(0, ("capacity", plots.capacity_figure, (v.card, v.cells, order, capacity, styles, never_ready)))
+    for name, figure, inputs in figs:
+        image = _plot_path(out, f"{v.card}-{name}.png")
+        if _drawn(image, figure, *inputs):
             lines += [f"![{quote.markdown(v.card)} {name}](plots/{image.name})", ""]
     for s in card_sessions:
         image = _plot_path(out, f"{s.card}--{s.flags}-memory.png")
         folder = store.session_dir(s.key)
-        rows, unreadable = read_memory(folder / "memory.csv")
-        left_out = (f"memory.csv of {quote.code(s.key)}: {unreadable} line(s) are not samples and were left out"
-                    if unreadable else None)
-        if not _fresh(image, [folder / "session.json", folder / "memory.csv", *folder.glob("refs-*/*.json")]):
-            fig = plots.session_figure(s, [st for st in card_steps if st.flags == s.flags], rows, capacity)
-            if fig is None:
-                image.unlink(missing_ok=True)
-                if left_out:  # a plot missing for garbage in the file is said, not silent
-                    lines += [f"No memory plot: {left_out}, and no sample was left.", ""]
-                continue
-            plots.save(fig, image)
+        try:
+            rows, unreadable = read_memory(folder / "memory.csv")
+            left_out = (f"memory.csv of {quote.code(s.key)}: {unreadable} line(s) are not samples and were left "
+                        "out" if unreadable else None)
+        except NotRead as exc:  # a FIFO where memory.csv goes is said, never waited on
+            rows, left_out = [], f"memory.csv of {quote.code(s.key)} was not read: {exc}"
+        if not _drawn(image, plots.session_figure, s, [st for st in card_steps if st.flags == s.flags], rows,
+                      capacity):
+            image.unlink(missing_ok=True)
+            if left_out:  # a plot missing for garbage in the file is said, not silent
+                lines += [f"No memory plot: {left_out}, and no sample was left.", ""]
+            continue
         lines += [f"![{quote.markdown(s.key)} memory](plots/{image.name})", ""]
         if left_out:
             lines += [f"{left_out}.", ""]

@@ -24,7 +24,7 @@ import httpx
 from PIL import Image
 
 from runner import backends
-from runner.backends.base import Attempt, RunningServer, StartFailed, StartInterrupted
+from runner.backends.base import Attempt, RunningServer, StartFailed, StartInterrupted, port_loss_notes
 from runner.core.records import (
     Failure,
     FailureClass,
@@ -463,8 +463,7 @@ class _Server:
                 Failure(kind=FailureClass.LOAD_EXIT, message=f"{type(exc).__name__}: {exc}"[:500]))
             self.server.stop()
         self.t_ready = time.time()
-        self.log.notes.extend(f"start {self.attempt}: {lost}; started again on another port"
-                              for lost in self.server.port_losses)
+        self.log.notes.extend(port_loss_notes(self.attempt, self.server.port_losses))
         why = None if self.failure is None else start_failure_line(self.failure)
         r.ctx.events.session_ready(r.card.name, r.flags.name, self.ready_s, why)
         if self.failure is None and self.ready_s is not None:

@@ -31,6 +31,7 @@ from runner.core.records import (
     StepRecord,
     load,
 )
+from runner.observe.server_file import NotRead, open_regular, read_regular
 
 R = TypeVar("R", bound=Record)
 
@@ -58,6 +59,28 @@ def inside(root: Path, relative: str) -> Path:
     if os.path.commonpath([base, os.path.abspath(path)]) != base or ".." in Path(relative).parts:
         raise ValueError(f"refusing a record path outside the run folder {root}: {relative!r}")
     return path
+
+
+NEW_FOLDER_TRIES = 100  # <id>, <id>-2 … <id>-100: runs of one name started in one second, on one results folder
+
+
+def new_run_folder(parent: Path, name: str) -> Path:
+    """A new run's folder, made exclusively: `parent/name`, or `name-2`, `name-3`… when that exists. Two runs of
+    one name started in the same second each get their own, and a new run never writes into a folder that is
+    there already (another matrix's run.json and records). A folder that cannot be made is one line."""
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        for n in range(1, NEW_FOLDER_TRIES + 1):
+            folder = parent / (name if n == 1 else f"{name}-{n}")
+            try:
+                folder.mkdir()
+                return folder
+            except FileExistsError:
+                continue
+    except OSError as exc:
+        raise UserError(f"cannot make the run folder {parent / name}: {exc.strerror or exc}") from None
+    raise UserError(f"cannot make the run folder {parent / name}: it and {NEW_FOLDER_TRIES - 1} suffixed ones "
+                    "exist already")
 
 
 def _current_umask() -> int:
@@ -143,12 +166,17 @@ def _no_constant(text: str) -> float:
     raise _NotARecordValue(f"{text}: not a JSON number (no record holds one)")
 
 
+RECORD_MAX_BYTES = 64 * 2**20  # the largest record file read (a long session's session.json is well under 1 MiB)
+PNG_MAX_BYTES = 1024 * 2**20  # the largest step image read back (what a server sent, under the response cap)
+
+
 def read_record(path: Path) -> dict[str, Any]:
-    """A record file's JSON object, or BadRecord saying in words what is wrong with it."""
+    """A record file's JSON object, or BadRecord saying in words what is wrong with it (a FIFO or a folder where
+    the record should be is not waited on: runner.observe.server_file)."""
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise BadRecord(f"cannot read it: {exc.strerror}") from None
+        data = read_regular(path, RECORD_MAX_BYTES)
+    except NotRead as exc:
+        raise BadRecord(f"cannot read it: {exc}") from None
     if not data.strip():
         raise BadRecord(f"empty ({len(data)} bytes)")
     try:
@@ -250,7 +278,7 @@ class RunStore:
                 last[(s.source, s.metric)] = max(newer, s.t[-1])
         if done is None:
             header = "t,attempt,source,metric,bytes\n"
-            old = path.read_text(errors="replace").splitlines(keepends=True)[1:] if path.exists() else []
+            old = self._memory_lines(path)[1:]
             kept = [line for line in old if line.endswith("\n") and line.split(",", 2)[1:2] != [str(attempt)]]
             atomic_write(path, (header + "".join(kept) + out.getvalue()).encode())
         elif out.tell():
@@ -262,6 +290,18 @@ class RunStore:
             except OSError as exc:
                 raise _store_error(path, exc) from None
         self._memory_t[(session_key, attempt)] = last
+
+    def _memory_lines(self, path: Path) -> list[str]:
+        """memory.csv's lines as they are (none when there is no file, or after one line when what stands there
+        is not a regular file: the new one replaces it)."""
+        if not path.exists():
+            return []
+        try:
+            with open_regular(path) as f:
+                return f.read().decode(errors="replace").splitlines(keepends=True)
+        except NotRead as exc:
+            self.skipped(path, f"cannot read it: {exc}; its samples are written anew")
+            return []
 
     def load_steps(self) -> list[StepRecord]:
         records = []
@@ -406,8 +446,15 @@ class RunStore:
         return doc
 
     def read_png(self, key: str) -> bytes | None:
+        """A step's image, or None: none kept, or (after one line) what stands there is not a file to read."""
         path = self.root / f"{key}.png"
-        return path.read_bytes() if path.exists() else None
+        if not path.exists():
+            return None
+        try:
+            return read_regular(path, PNG_MAX_BYTES)
+        except NotRead as exc:
+            self.skipped(path, f"cannot read it: {exc}")
+            return None
 
 
 def _ends_a_line(path: Path) -> bool:
@@ -421,11 +468,12 @@ def _ends_a_line(path: Path) -> bool:
 
 
 def read_memory(path: Path) -> tuple[list[tuple[float, int, str, str, int]], int]:
-    """memory.csv's rows, and how many lines were not one (a kill mid-append, an edit): those are left out."""
+    """memory.csv's rows, and how many lines were not one (a kill mid-append, an edit): those are left out.
+    NotRead when what stands there is not a regular file (a FIFO is refused, never waited on)."""
     if not path.exists():
         return [], 0
     rows, unreadable = [], 0
-    with path.open(errors="replace", newline="") as f:
+    with open_regular(path) as raw, io.TextIOWrapper(raw, errors="replace", newline="") as f:
         for r in csv.DictReader(f):
             try:
                 rows.append((float(r["t"]), int(r["attempt"]), str(r["source"]), str(r["metric"]), int(r["bytes"])))

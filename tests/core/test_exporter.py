@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
+
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from runner.backends.local import free_port
@@ -81,3 +86,32 @@ def test_decimate_keeps_every_peak() -> None:
     out = decimate(points, 600)
     assert len(out) <= 600 and (1234.0, 999) in out and out == sorted(out)
     assert decimate(points[:10], 600) == points[:10]
+
+
+def test_an_idle_connection_does_not_keep_a_handler_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 46 L-2: connections that send nothing held a handler thread each, forever (181 held 75). Each is
+    closed by the exporter after its timeout (a few seconds; half a second here: raising=False, because the
+    name is what the fix added and the test must run, and fail, without it), and the page answers meanwhile."""
+    from runner.present import exporter as module
+
+    monkeypatch.setattr(module, "HANDLER_TIMEOUT_S", 0.5, raising=False)
+    port = free_port()
+    threads = threading.active_count()
+    exporter = RunExporter("run-1", port)
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
+    try:
+        assert httpx.get(f"http://127.0.0.1:{port}/live.json", timeout=5).status_code == 200
+        for conn in idle:
+            conn.settimeout(10)  # far past the exporter's timeout: a connection it keeps fails here
+            try:
+                assert conn.recv(1) == b""  # closed by the exporter
+            except TimeoutError:
+                pytest.fail("an idle connection was still held after 10 s")
+        deadline = time.monotonic() + 5
+        while threading.active_count() > threads + 1 and time.monotonic() < deadline:  # + the serving thread
+            time.sleep(0.05)
+        assert threading.active_count() <= threads + 1, threading.enumerate()
+    finally:
+        for conn in idle:
+            conn.close()
+        exporter.close()

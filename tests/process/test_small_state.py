@@ -80,7 +80,8 @@ def test_report_and_plots_are_replaced_atomically_and_only_changed_sessions_redr
     # a resume wrote session b again (a new start): only b's memory plot is drawn again
     session = store.load_session("c/b")
     assert session is not None
-    store.write_session(session)
+    store.write_session(session.model_copy(update={"starts": (*session.starts, session.starts[0].model_copy(
+        update={"attempt": 1, "started_at": 104.0, "stopped_at": 106.0}))}))
     _report(store)
     assert (plots["a"].stat().st_ino, plots["a"].stat().st_mtime_ns) == before["a"]  # kept as it was
     assert plots["b"].stat().st_mtime_ns > before["b"][1]

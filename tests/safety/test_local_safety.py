@@ -398,3 +398,30 @@ def test_results_disk_failing_mid_run_stops_with_one_line(tmp_path: Path, how: s
         if steps is not None:
             subprocess.run(["umount", "-l", str(steps)])
         subprocess.run(["umount", "-l", str(disk)])
+
+
+LOSES_EVERY_PORT = ("import sys; print('OSError: [Errno 98] error while attempting to bind on address "
+                    "(127.0.0.1, %s): address already in use' % sys.argv[1], flush=True); sys.exit(1)")
+
+
+def test_after_the_last_port_loss_the_notes_say_the_start_failed(tmp_path: Path) -> None:
+    """Issue 46 L-1: a server that loses its picked port at every try. Before: the note of the third loss
+    still said "started again on another port", though nothing started again and the start failed."""
+    matrix = write_matrix(tmp_path)
+    text = matrix.read_text()
+    start = text.index("command = [")
+    end = text.index("\n", start)
+    matrix.write_text(text[:start] + f'command = ["{{python}}", "-c", {json.dumps(LOSES_EVERY_PORT)}, "{{port}}"]'
+                      + text[end:])
+    proc = subprocess.run([sys.executable, "-m", "runner", str(matrix), "--no-progress"], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path, env={**os.environ,
+                                                                     "RUNNER_STATE_DIR": str(tmp_path / "state")})
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (session,) = (tmp_path / "results").glob("kill-*/a/default/session.json")
+    record = json.loads(session.read_text())
+    (start_record,) = record["starts"]
+    assert "lost to another process at each of" in start_record["failure"]["message"], start_record
+    notes = [n for n in record["notes"] if "address already in use" in n]
+    assert len(notes) == PORT_TRIES, record["notes"]
+    assert all(n.endswith("started again on another port") for n in notes[:-1]), notes
+    assert notes[-1].endswith("the start failed: the port was lost at every try"), notes
