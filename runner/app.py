@@ -96,11 +96,12 @@ def left_to_do(run: Opened) -> Pending:
     return pending(run.plan, run.store.load_steps(), run.store.load_sessions())
 
 
-def owed_topups(run: Opened) -> int:
+def owed_topups(run: Opened) -> dict[str, int]:
     """Under `repeats = "auto"`, a resumed run whose steps are all decided may still owe top-up sends (it was
-    stopped while topping up): how many the records ask for now (the executor's own rule, policy.topups)."""
+    stopped while topping up): how many the records ask for now per card (the executor's own rule,
+    policy.topups)."""
     if not (run.resumed and run.matrix.run.auto_repeats):
-        return 0
+        return {}
     from runner.judge.verdict import open_latencies
     from runner.plan import baseline
     from runner.run import policy
@@ -110,23 +111,43 @@ def owed_topups(run: Opened) -> int:
         wall = baseline.wall_s(run.matrix)
     except UserError:
         wall = None
-    owed = 0
+    owed = {}
     for card in dict.fromkeys(s.card for s in steps):
         mine = [s for s in steps if s.card == card]
         sides = [lat.sides for lat in open_latencies(card, mine, [s for s in sessions if s.card == card],
                                                      run.matrix.verdict, wall) if lat.sides]
-        owed += sum(t.sends for s in run.plan.sessions if s.card == card
+        sends = sum(t.sends for s in run.plan.sessions if s.card == card
                     for t in policy.topups(sides, mine, card, s.flags, run.matrix.run.max_repeats))
+        if sends:
+            owed[card] = sends
     return owed
 
 
-def owed_soak(run: Opened) -> int:
-    """Soak requests still owed on the cards whose steps are all done (runner.run.soak_state; 0 without [soak])."""
+def owed_soak(run: Opened) -> dict[str, int]:
+    """Soak requests still owed per card, on the cards whose steps are all done (runner.run.soak_state; none
+    without [soak])."""
     if run.matrix.soak is None:
-        return 0
+        return {}
     from runner.run.soak_state import owed
 
     return owed(run.matrix, run.store)
+
+
+def owed_beyond_steps(todo: Pending, topups: dict[str, int], soak: dict[str, int]) -> dict[str, str]:
+    """The cards with no step left that still owe top-up sends or soak requests (per card), with what they owe in
+    words: they start servers too, so a resume's preflight reaches their hosts."""
+    with_steps = {c for lane in todo.lanes for c in lane.cards}
+    words: dict[str, list[str]] = {}
+    for card, n in topups.items():
+        words.setdefault(card, []).append(f"{n} top-up send(s)")
+    for card, n in soak.items():
+        words.setdefault(card, []).append(f"{n} soak request(s)")
+    return {card: " and ".join(w) for card, w in words.items() if card not in with_steps}
+
+
+def owed_here(owed: dict[str, int], todo: Pending) -> int:
+    """What this invocation sends of `owed` (per card): none of a card set aside."""
+    return sum(n for card, n in owed.items() if card not in todo.set_aside)
 
 
 def banner(run: Opened, todo: Pending, owed: int = 0, soak_owed: int = 0) -> str:
@@ -245,14 +266,16 @@ def exit_status(worlds: Sequence[str], steps_left: int) -> int:
     return EXIT_INCOMPLETE if steps_left or World.UNDECIDED in worlds else EXIT_OK
 
 
-def check_reachable(matrix: Matrix, todo: Pending, *, skip_unreachable: bool) -> Pending:
-    """Every host the pending sessions will use answers (preflight, nothing started yet): else one line per
-    card and exit 2, or — with --skip-unreachable — that card is left out of this invocation with one line,
-    its steps kept for a resume."""
+def check_reachable(matrix: Matrix, todo: Pending, *, skip_unreachable: bool,
+                    owing: dict[str, str] | None = None) -> Pending:
+    """Every host the pending sessions will use answers, and those of the cards `owing` top-ups or a soak with no
+    step left (preflight, nothing started yet): else one line per card and exit 2, or — with --skip-unreachable —
+    that card is set aside for this invocation with one line (nothing of it starts), its work kept for a resume."""
     from runner.run import reach
     from runner.run.pending import without_cards
 
-    cards = list(dict.fromkeys(c for lane in todo.lanes for c in lane.cards))
+    owing = owing or {}
+    cards = list(dict.fromkeys([*(c for lane in todo.lanes for c in lane.cards), *owing]))
     down = reach.unreachable(matrix, cards)
     if not down:
         return todo
@@ -264,9 +287,9 @@ def check_reachable(matrix: Matrix, todo: Pending, *, skip_unreachable: bool) ->
         raise UserError("\n".join(line + tail for line in lines))
     left = without_cards(todo, skipped)
     for card in skipped:
-        n = todo.steps - without_cards(todo, [card]).steps
+        what = owing.get(card) or f"{todo.steps - without_cards(todo, [card]).steps} step(s)"
         why = "; ".join(u.line().split(": ", 1)[1] for u in down if u.card == card)
-        print(f"runner: skipping card '{card}' ({n} step(s), left for --resume): {why}", file=sys.stderr)
+        print(f"runner: skipping card '{card}' ({what}, left for --resume): {why}", file=sys.stderr)
     return left
 
 
@@ -320,14 +343,16 @@ def _run(opened: Opened, command: list[str], progress: bool, metrics_port: int |
          interrupts: Interrupts, live: set, todo: Pending | None = None) -> int:
     from runner.present.progress import ProgressView
 
-    if todo is None:  # a resume: what is left, then the hosts it needs
+    topups_owed, soaks_owed = owed_topups(opened), owed_soak(opened) if opened.resumed else {}
+    if todo is None:  # a resume: what is left, then the hosts it needs (a card owing only top-ups or its soak too)
         todo = left_to_do(opened)
-        if todo.steps:
-            todo = check_reachable(opened.matrix, todo, skip_unreachable=skip_unreachable)
+        owing = owed_beyond_steps(todo, topups_owed, soaks_owed)
+        if todo.steps or owing:
+            todo = check_reachable(opened.matrix, todo, skip_unreachable=skip_unreachable, owing=owing)
             check_flags(opened.matrix, opened.plan, todo, interrupts.stop)
     opened.store.write_run(declared_run(opened.run_doc, opened.store.root))
-    owed = 0 if todo.steps else owed_topups(opened)
-    soak_owed = owed_soak(opened) if opened.resumed else 0
+    owed = 0 if todo.steps else owed_here(topups_owed, todo)
+    soak_owed = owed_here(soaks_owed, todo)
     print(banner(opened, todo, owed, soak_owed), file=sys.stderr)
     from runner.plan.baseline import cell_mismatch
 
@@ -371,7 +396,7 @@ def _run(opened: Opened, command: list[str], progress: bool, metrics_port: int |
     opened.store.write_run(declared_run(doc, opened.store.root))
     verdicts = finish(opened.store, opened.matrix, rescore=bool(todo.steps))
     left = left_to_do(opened)
-    soak_left = owed_soak(opened) if not left.steps else 0  # a card with steps left has its soak still to come
+    soak_left = sum(owed_soak(opened).values()) if not left.steps else 0  # a card with steps left: soak to come
     soak_words = f" and {soak_left} soak request(s)" if soak_left else ""
     if interrupted or interrupts.interrupted:
         done = left.planned_steps - left.steps

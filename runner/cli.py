@@ -179,8 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "9450) and a live page of each card's memory and step at http://127.0.0.1:PORT/")
     run.add_argument("--skip-unreachable", action="store_true",
                      help="carry on without a card whose Docker host, sidecar, dcgm-exporter or Prometheus does not "
-                     "answer in preflight (one line says so; its steps are left for --resume); without it such a "
-                     "card stops the run before anything starts (exit 2)")
+                     "answer in preflight (one line says so; nothing of it starts, not its soak either: its steps, "
+                     "top-ups and soak are left for --resume); without it such a card stops the run before anything "
+                     "starts (exit 2)")
     run.set_defaults(func=cmd_run)
     plan = sub.add_parser("plan", help="print the plan of a matrix without running anything")
     plan.add_argument("matrix")

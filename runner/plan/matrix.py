@@ -569,12 +569,14 @@ class Soak(Table):
         "cycle", description='"cycle": the counts in ascending order, repeated; "shuffle": each round of the '
                              "counts in a random order drawn from `seed`")
     seed: Seed = Field(0, description='order = "shuffle": the seed of its random order (the same soak on a resume)')
+    # An empty list would soak nothing without a word (the plan still promising a soak): refused, as references.
     flags: Annotated[Seq[str], AfterValidator(_unique("name"))] | None = Field(
-        None, json_schema_extra=_no_default,
+        None, min_length=1, json_schema_extra=_no_default,
         description="which flag sets (default: those profiles.json lists for the card at every count the soak "
                     "mixes, known after the card's sessions)")
     cards: Annotated[Seq[str], AfterValidator(_unique("name"))] | None = Field(
-        None, json_schema_extra=_no_default, description="which cards (default: every card of the matrix)")
+        None, min_length=1, json_schema_extra=_no_default, description="which cards (default: every card of the "
+                                                                        "matrix)")
 
     @property
     def counts(self) -> tuple[int, ...]:
@@ -895,6 +897,10 @@ def _draft4(node: Any) -> Any:
     node = {k: _draft4(v) for k, v in node.items() if not (k == "default" and v is None) and k != "title"}
     if "const" in node:
         node["enum"] = [node.pop("const")]
+    if node.get("type") == "array":  # pydantic names a list's length bound over a BeforeValidator as a string's
+        for text, items in (("minLength", "minItems"), ("maxLength", "maxItems")):
+            if text in node:
+                node[items] = node.pop(text)
     for bound, strict in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
         if isinstance(node.get(strict), (int, float)) and not isinstance(node[strict], bool):
             node[bound], node[strict] = node[strict], True

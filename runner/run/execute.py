@@ -87,6 +87,10 @@ class RunContext:
         if self.todo is None:
             self.todo = pending(self.plan, self.records.values(), ())
 
+    def set_aside(self, card: str) -> bool:
+        """Left out of this invocation (--skip-unreachable): nothing of the card starts, a resume does it."""
+        return self.todo is not None and card in self.todo.set_aside
+
     def recorded(self, card: str) -> list[StepRecord]:
         with self.lock:
             return [r for r in self.records.values() if r.card == card]
@@ -603,10 +607,11 @@ def _topup_passes(ctx: RunContext, lane_name: str, refs: References, baselines: 
     if not ctx.matrix.run.auto_repeats:
         return []
     lane = next(x for x in ctx.plan.lanes if x.name == lane_name)  # every session, not only the pending ones
+    sessions = [s for s in lane.sessions if not ctx.set_aside(s.card)]
     restarts: dict[str, int] = {}
     out = []
     while not ctx.stop.is_set():
-        asked = next(((s, t) for s in lane.sessions if restarts.get(s.key, 0) < len(sequential.levels(
+        asked = next(((s, t) for s in sessions if restarts.get(s.key, 0) < len(sequential.levels(
             ctx.matrix.run.max_repeats)) and (t := ctx.topups(s))), None)
         if asked is None:
             break
@@ -626,6 +631,8 @@ def _diagnosis_passes(ctx: RunContext, lane_name: str, refs: References, baselin
     for session in lane.sessions:
         if ctx.stop.is_set():
             return
+        if ctx.set_aside(session.card):
+            continue
         steps = ctx.recorded(session.card)
         record = ctx.store.load_session(session.key)
         for target in diagnose.targets(ctx.matrix.run.diagnosis, session, steps, record,
@@ -672,9 +679,10 @@ def _run_lanes(ctx: RunContext, refs: References, baselines: Baselines) -> list[
     assert ctx.todo is not None
     lanes = ctx.todo.lanes
     if ctx.matrix.run.auto_repeats or ctx.matrix.soak is not None:  # a lane with no step left may still owe
-        # top-ups or a soak (a resume)
+        # top-ups or a soak (a resume); never for a card set aside
         have = {lane.name for lane in lanes}
-        lanes = (*lanes, *(replace(lane, sessions=()) for lane in ctx.plan.lanes if lane.name not in have))
+        lanes = (*lanes, *(replace(lane, cards=cards, sessions=()) for lane in ctx.plan.lanes if lane.name not in have
+                           if (cards := tuple(c for c in lane.cards if not ctx.set_aside(c)))))
 
     def lane_job(lane_index: int) -> list[SessionRecord]:
         lane = lanes[lane_index]

@@ -28,6 +28,9 @@ class Pending:
     lanes: tuple[Lane, ...]  # the plan's lanes with only the sessions and steps still to do
     planned_sessions: int
     planned_steps: int
+    # Cards left out of this invocation (--skip-unreachable): nothing of theirs starts, not even what runs after
+    # a lane's sessions (top-ups, diagnosis passes, the soak); a resume does it
+    set_aside: frozenset[str] = frozenset()
 
     @property
     def sessions(self) -> tuple[Session, ...]:
@@ -71,14 +74,15 @@ def pending(plan: Plan, steps: Iterable[StepRecord], sessions: Iterable[SessionR
 
 
 def without_cards(todo: Pending, cards: Iterable[str]) -> Pending:
-    """What is left once these cards are set aside for this invocation (their steps stay for a resume)."""
-    drop = set(cards)
+    """What is left once these cards are set aside for this invocation (their steps, top-ups and soak stay for a
+    resume)."""
+    drop = frozenset(cards)
     lanes = []
     for lane in todo.lanes:
         kept = tuple(s for s in lane.sessions if s.card not in drop)
         if kept:
             lanes.append(Lane(lane.name, tuple(c for c in lane.cards if c not in drop), kept))
-    return Pending(tuple(lanes), todo.planned_sessions, todo.planned_steps)
+    return Pending(tuple(lanes), todo.planned_sessions, todo.planned_steps, todo.set_aside | drop)
 
 
 SOAK_ENDS = frozenset({"requests", "minutes", "failure", "oom at load"})  # what a resume does not continue

@@ -40,8 +40,8 @@ from runner.run.step_records import soak_request
 
 def soak_passes(ctx: RunContext, lane_name: str, refs: References, baselines: Baselines) -> None:
     """After a lane's sessions (and its top-ups and diagnosis passes): the soak of each of its cards whose steps
-    are all done, one soaked flag set after another; a soak that ended is not sent again, one interrupted is
-    continued."""
+    are all done and that this invocation did not set aside (--skip-unreachable), one soaked flag set after
+    another; a soak that ended is not sent again, one interrupted is continued."""
     if ctx.matrix.soak is None:
         return
     lane = next(x for x in ctx.plan.lanes if x.name == lane_name)
@@ -49,7 +49,7 @@ def soak_passes(ctx: RunContext, lane_name: str, refs: References, baselines: Ba
     for card in lane.cards:
         if ctx.stop.is_set():
             return
-        if card not in soak_plan.soaked_cards(ctx.matrix) or _steps_left(ctx, card):
+        if card not in soak_plan.soaked_cards(ctx.matrix) or ctx.set_aside(card) or _steps_left(ctx, card):
             continue
         for flags, why in chosen(ctx.matrix, ctx.store, card, ctx.recorded(card))[0]:
             if ctx.stop.is_set():

@@ -43,22 +43,25 @@ def chosen(matrix: Matrix, store: RunStore, card: str, steps: list[StepRecord]
     return [(f, why) for f in ordered], None if ordered else soak_findings.why_none(soak.counts, False)
 
 
-def owed(matrix: Matrix, store: RunStore) -> int:
-    """Soak requests a resume still owes, on the cards whose steps are all done (the banner's figure; 0 without
-    [soak])."""
+def owed(matrix: Matrix, store: RunStore) -> dict[str, int]:
+    """Soak requests a resume still owes per card, on the cards whose steps are all done (the banner's figure, and
+    the cards a resume's preflight must reach; none without [soak])."""
     if matrix.soak is None:
-        return 0
+        return {}
     steps = store.load_steps()
     sessions = store.load_sessions()
     left = {s.card for s in pending(make_plan(matrix), steps, sessions).sessions}
-    total = 0
+    out = {}
     for card in soak_plan.soaked_cards(matrix):
         if card in left:
             continue
+        total = 0
         for flags, _ in chosen(matrix, store, card, [s for s in steps if s.card == card])[0]:
             key = f"{card}/{flags}"
             total += soak_left(matrix.soak, store.load_soak(key), store.load_soak_requests(key))
-    return total
+        if total:
+            out[card] = total
+    return out
 
 
 def card_soaks(matrix: Matrix, store: RunStore, verdicts: list[Verdict]) -> dict[str, CardSoak]:

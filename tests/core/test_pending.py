@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from runner.core.records import Failure, FailureClass, ServerStart, SessionRecord, Status, StepRecord
 from runner.plan.lanes import Lane, Plan, Session, Step
-from runner.run.pending import pending
+from runner.run.pending import pending, without_cards
 
 
 def plan() -> Plan:
@@ -78,3 +78,12 @@ def test_a_step_the_scheduler_ended_is_to_do_again_for_resume_and_the_verdict() 
         done = record("a/default/refs-1/f-seed-1", Status.FAILED, lost=True, failure=Failure(kind=kind, message="x"))
         assert "a/default" not in {s.key for s in pending(plan(), [done], []).sessions if len(s.steps) == 3}
         assert "resume" not in blocked("default", "default", 1, [done], None, VerdictRules()).why
+
+
+def test_cards_set_aside_leave_their_steps_and_are_remembered_for_what_runs_after_the_sessions() -> None:
+    """--skip-unreachable: a card set aside has no session in this invocation, and the executor keeps it out of the
+    top-ups, diagnosis passes and soak that run after a lane's sessions (they read `set_aside`)."""
+    todo = without_cards(pending(plan(), [], []), ["b"])
+    assert todo.steps == 6 and [lane.name for lane in todo.lanes] == ["a"] and todo.set_aside == {"b"}
+    both = without_cards(todo, ["a"])
+    assert both.lanes == () and both.set_aside == {"a", "b"} and both.planned_steps == 9

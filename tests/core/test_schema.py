@@ -191,8 +191,8 @@ def test_every_shipped_matrix_validates_against_the_matrix_schema() -> None:
 
 
 def test_matrix_schema_rejects_what_the_loader_rejects(matrix_dir: Path) -> None:
-    """An unknown key, a wrong type, a bool for a number, a bad name, a key of another backend: refused by
-    the editor's schema as by the loader."""
+    """An unknown key, a wrong type, a bool for a number, a bad name, a key of another backend, an empty list
+    where one item is the least: refused by the editor's schema as by the loader."""
     import tomllib
 
     from runner.core.errors import UserError
@@ -204,7 +204,9 @@ def test_matrix_schema_rejects_what_the_loader_rejects(matrix_dir: Path) -> None
     for old, new in [("steps = 4", "stepz = 4"), ("steps = 4", 'steps = "4"'), ("steps = 4", "steps = true"),
                      ("vram_gib = 0.5", "vram_gib = -1"), ("[cards.small]", '[cards."a/b"]'),
                      ("[cards.small]", '[cards.small]\ndocker_host = "ssh://x"'),
-                     ('role = "default"', 'role = "fast"'), ("references = [1, 2]", "references = [1, 99]")]:
+                     ('role = "default"', 'role = "fast"'), ("references = [1, 2]", "references = [1, 99]"),
+                     *[("references = [1, 2]", f"references = [1, 2]\n\n[soak]\nrequests = 3\n{key} = []")
+                       for key in ("references", "flags", "cards")]]:
         assert old in text, old
         bad = text.replace(old, new, 1)
         assert not validator.is_valid(tomllib.loads(bad)), new
