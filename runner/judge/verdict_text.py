@@ -6,7 +6,7 @@ Pure; reads the typed records only, so console, report and compare say a flag se
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from runner.core.units import clip, fmt_bytes, fmt_s, refs_text
@@ -339,6 +339,18 @@ BOUND_WORDS = {"exact": "exact: the server's own live-tensor figure",
                "upper-bound": "an upper bound: a whole-device figure, the allocator's cache included"}
 
 
+ALSO_WORDS = {"per-reference": "{} kept per distinct reference sent",
+              "until-next-request": "the last request's references ({} each) kept until the next one",
+              "per-request": "{} kept per request sent, whatever it carries (a leak)"}
+
+
+def alternatives(also: Mapping[str, int]) -> str:
+    """What else the same levels read as, and why the records cannot say which."""
+    said = " or ".join(ALSO_WORDS[k].format(size(v)) for k, v in also.items())
+    return (f"the same levels read as well as {said}: in this order of requests the readings predict the same "
+            "levels, and no retention probe's level told them apart")
+
+
 def retention_sentence(flags: str, r: Retention | None, speed: CachedSpeed | None) -> str | None:
     """One flag set's retention and cached-vs-cold speed in a sentence; None when neither was read."""
     if r is None and (speed is None or not speed.pairs):
@@ -349,6 +361,10 @@ def retention_sentence(flags: str, r: Retention | None, speed: CachedSpeed | Non
         if r.kind == "freed":
             parts.append(f"freed at request end: the level after each request is within {size(r.tolerance_bytes)} "
                          f"of the load level {size(r.load_bytes)} ({src})")
+        elif r.kind == "until-next-request" and r.also:
+            parts.append(f"keeps {size(r.per_bytes)} per reference of the last request until the next one ({src}; "
+                         f"worst residual {size(r.residual_bytes)}, load level {size(r.load_bytes)}, "
+                         f"{size(r.last_floor_bytes)} after the last); {alternatives(r.also)}")
         elif r.kind == "until-next-request":
             parts.append(f"keeps {size(r.per_bytes)} per reference of the last request until the next one ({src}; "
                          f"worst residual {size(r.residual_bytes)}, load level {size(r.load_bytes)}, "
@@ -359,11 +375,11 @@ def retention_sentence(flags: str, r: Retention | None, speed: CachedSpeed | Non
             fills = "" if r.fills_card_at is None else (
                 f"; what it keeps alone would fill the card at {r.fills_card_at} "
                 + ("distinct references" if r.kind == "per-reference" else "requests"))
-            tie = ("; every request here carried all references sent before it, so this also reads as the last "
-                   "request's references kept until the next one" if r.last_request_too else
+            tie = (f"; {alternatives(r.also)}" if r.also else
                    f"; sent again after the last, the {refs_text(r.probe_references)} request left "
-                   f"{size(r.probe_floor_bytes)}: every distinct reference stays" if r.probe_floor_bytes is not None
-                   else "")
+                   f"{size(r.probe_floor_bytes)}: " + ("every distinct reference stays" if r.kind == "per-reference"
+                                                       else "one request more, one leak more")
+                   if r.probe_floor_bytes is not None else "")
             parts.append(f"keeps {size(r.per_bytes)} per {what} ({src}; worst residual {size(r.residual_bytes)}, "
                          f"load level {size(r.load_bytes)}, {size(r.last_floor_bytes)} after the last){fills}{tie}")
         else:

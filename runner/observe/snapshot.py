@@ -61,6 +61,7 @@ MAX_FRAMES = 64  # per block or event, innermost first
 MAX_FRAMES_WALKED = 4_000_000  # in all, each distinct frame list counted once (the real snapshots: 1.6 M)
 MAX_TEXT = 4096  # characters of a frame's filename or name, or of a part's name (real ones: under 100)
 MAX_SITES = 2000  # (site, function, phase, part) groups kept, largest first (the real snapshots: 45)
+HISTORY_ENTRIES = 100_000  # vLLM-Omni's and the reference server's max_entries: a trace this long has wrapped
 MAX_TIME_US = 2**63  # the trace's clock (microseconds since the epoch: ~1.8e15, above MAX_BYTES)
 SITE_CHARS, NAME_CHARS = 500, 200  # of a site and of a function or part name, as kept
 NO_FRAMES = "no frames recorded"
@@ -156,6 +157,7 @@ class Held:
     named: tuple[Named, ...] = ()
     expandable_segments: bool | None = None
     notes: tuple[str, ...] = field(default=())
+    history_full: bool = False  # the trace wrapped: a live block without its alloc may be the request's
 
 
 @dataclass(frozen=True)
@@ -285,7 +287,7 @@ def _time(e: Mapping[str, Any]) -> int:
 
 
 def _live_from_segments(walk: _Walk, segments: list[dict[str, Any]], trace_allocs: Mapping[int, tuple[int, str]],
-                        began_us: int | None, traced: bool, covers_start: bool) -> list[_Block]:
+                        began_us: int | None, traced: bool, covers_start: bool, pre: bool | None) -> list[_Block]:
     out = []
     for addr, b in _seg_blocks(segments):
         if b.get("state") != "active_allocated":
@@ -294,7 +296,7 @@ def _live_from_segments(walk: _Walk, segments: list[dict[str, Any]], trace_alloc
         if not traced:
             resident = None
         elif alloc is None:
-            resident = True  # allocated before the trace began
+            resident = pre  # allocated before the trace's first event
         elif began_us is not None:
             resident = alloc[0] < began_us
         else:  # the trace began with the request (history cleared at its start), unless it covers the process
@@ -305,7 +307,7 @@ def _live_from_segments(walk: _Walk, segments: list[dict[str, Any]], trace_alloc
 
 
 def _replay(walk: _Walk, events: list[dict[str, Any]], oom_at: int, segments: list[dict[str, Any]],
-            began_us: int | None, covers_start: bool) -> list[_Block]:
+            began_us: int | None, covers_start: bool, pre: bool | None) -> list[_Block]:
     """The live blocks at events[oom_at] (the oom event): the trace's allocations not freed before it, plus
     the blocks alive before the trace began."""
     live: dict[int, _Block] = {}
@@ -320,16 +322,16 @@ def _replay(walk: _Walk, events: list[dict[str, Any]], oom_at: int, segments: li
         elif action == "free_completed" and live.pop(addr, None) is None:
             freed_before.add(addr)
     allocated_in_trace = {_figure(e.get("addr"), "trace address") for e in events if e.get("action") == "alloc"}
-    pre: list[_Block] = []
+    kept: list[_Block] = []  # the blocks from before the trace's first event
     for e in events[oom_at + 1:]:  # pre-trace blocks alive at the OOM and freed after it: size only
         addr = _figure(e.get("addr"), "trace address")
         if e.get("action") == "free_completed" and addr not in allocated_in_trace and addr not in freed_before:
-            pre.append(_Block(_figure(e.get("size"), "trace size"), (), True))
+            kept.append(_Block(_figure(e.get("size"), "trace size"), (), pre))
             freed_before.add(addr)
     for addr, b in _seg_blocks(segments):  # pre-trace blocks still alive at the snapshot
         if b.get("state") == "active_allocated" and addr not in allocated_in_trace and addr not in freed_before:
-            pre.append(_Block(_figure(b.get("size"), "block size"), walk.frames(b.get("frames")), True))
-    return [*pre, *live.values()]
+            kept.append(_Block(_figure(b.get("size"), "block size"), walk.frames(b.get("frames")), pre))
+    return [*kept, *live.values()]
 
 
 def _peak(events: list[dict[str, Any]]) -> int | None:
@@ -353,9 +355,10 @@ def _shown(text: str, secrets: tuple[str, ...], limit: int) -> str:
 
 
 def read(snap: Mapping[str, Any], request_began_us: int | None = None,
-         own: tuple[str, ...] = SERVER_PACKAGES, secrets: Iterable[str] = ()) -> Held:
-    """What held the memory at the snapshot's OOM (or at the snapshot, when its trace holds no OOM).
-    `secrets`: the values the runner resolved into the server's environment, masked in every text kept."""
+         own: tuple[str, ...] = SERVER_PACKAGES, secrets: Iterable[str] = (), at_end: bool = False) -> Held:
+    """What held the memory at the snapshot's OOM (or at the trace's high point, when its trace holds no OOM;
+    `at_end`: at the snapshot itself, what outlived the request). `secrets`: the values the runner resolved into
+    the server's environment, masked in every text kept."""
     walk = _Walk(secrets, own)
     segments = _segments(snap)
     events = _events(snap)
@@ -372,22 +375,30 @@ def read(snap: Mapping[str, Any], request_began_us: int | None = None,
     live_addrs = [a for a, b in _seg_blocks(segments) if b.get("state") == "active_allocated"]
     covers_start = (traced and request_began_us is None and bool(live_addrs)
                     and all(a in trace_allocs for a in live_addrs))
+    # A trace of HISTORY_ENTRIES events has wrapped: its first events were overwritten, so a live block without
+    # its alloc event was made before the trace's first event, which may be after the request began.
+    full = len(events) >= HISTORY_ENTRIES
+    pre = None if full and (request_began_us is None or _time(events[0]) >= request_began_us) else True
+    if pre is None:
+        notes.append(f"the allocator's history is full ({len(events):,} events, the servers' max_entries): its "
+                     "first events were overwritten, so a block allocated before them may be the request's or the "
+                     "load's")
     tried = _figure(events[oom_at].get("size"), "trace size") if oom_at is not None else None
     reserved = sum(_figure(s.get("total_size"), "segment size") for s in segments)
     inactive: int | None = sum(_figure(b.get("size"), "block size") for _, b in _seg_blocks(segments)
                                if b.get("state") == "inactive")
-    peak_at = _peak(events) if oom_at is None else None
+    peak_at = _peak(events) if oom_at is None and not at_end else None
     if peak_at is not None:  # no OOM: the live blocks at the trace's high point, not what outlived the request
         exact = "trace replayed to the peak"
         marked = [*events[:peak_at + 1], {"action": "peak"}, *events[peak_at + 1:]]
-        blocks = _replay(walk, marked, peak_at + 1, segments, request_began_us, covers_start)
+        blocks = _replay(walk, marked, peak_at + 1, segments, request_began_us, covers_start, pre)
         inactive = None
     elif oom_at is None or oom_at == len(events) - 1:
         exact = "segments at the oom" if oom_at is not None else "segments"
-        blocks = _live_from_segments(walk, segments, trace_allocs, request_began_us, traced, covers_start)
+        blocks = _live_from_segments(walk, segments, trace_allocs, request_began_us, traced, covers_start, pre)
     else:
         exact = "trace replayed to the oom"
-        blocks = _replay(walk, events, oom_at, segments, request_began_us, covers_start)
+        blocks = _replay(walk, events, oom_at, segments, request_began_us, covers_start, pre)
         inactive = None
         notes.append("the snapshot was taken after the OOM: the live blocks come from the trace replayed to the "
                      "oom event; the segments' inactive bytes at the OOM are not known")
@@ -434,15 +445,16 @@ def read(snap: Mapping[str, Any], request_began_us: int | None = None,
                                    v[0], v[1], None if m is None else _shown(m, s, NAME_CHARS))
                               for (site, f, p, m), v in sites),
                 named=tuple(Named(_shown(n, s, NAME_CHARS), p, v[0], v[1]) for (n, p), v in parts),
-                expandable_segments=expandable if isinstance(expandable, bool) else None, notes=tuple(notes))
+                expandable_segments=expandable if isinstance(expandable, bool) else None, notes=tuple(notes),
+                history_full=pre is None)
 
 
 def read_bytes(data: bytes, request_began_us: int | None = None, own: tuple[str, ...] = SERVER_PACKAGES,
-               secrets: Iterable[str] = ()) -> Held:
+               secrets: Iterable[str] = (), at_end: bool = False) -> Held:
     """load + read, for a snapshot file's bytes (SnapshotError: one line why not, whatever went wrong)."""
     snap = load(data)
     try:
-        return read(snap, request_began_us, own, secrets)
+        return read(snap, request_began_us, own, secrets, at_end)
     except (SnapshotError, MemoryError):
         raise
     except Exception as exc:  # plain data of a shape no snapshot has, however it failed: one line, never a traceback
@@ -461,6 +473,6 @@ def from_json(doc: Mapping[str, Any]) -> Held:
 
 
 def read_json(data: bytes, request_began_us: int | None = None, own: Sequence[str] = SERVER_PACKAGES,
-              secrets: Sequence[str] = ()) -> dict[str, Any]:
+              secrets: Sequence[str] = (), at_end: bool = False) -> dict[str, Any]:
     """read_bytes for the isolated reader (runner.observe.isolated): bytes in, JSON out."""
-    return to_json(read_bytes(data, request_began_us, tuple(own), tuple(secrets)))
+    return to_json(read_bytes(data, request_began_us, tuple(own), tuple(secrets), at_end))

@@ -291,10 +291,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         if config.arch == "qwen-image":  # diffusers is imported only for this arch
-            # diffusers imports scipy.stats for one scheduler, through its single-file checkpoint loader. This
-            # server uses neither, and that import was ~0.7 of the ~5 CPU-s of every start (examples/local.toml
-            # makes 22). Marked absent in the server's own process only, diffusers leaves it out.
-            sys.modules.setdefault("scipy", None)  # type: ignore[arg-type]
+            # scipy is left out by diffusers' own flag (qwen_image/__init__.py), never by hiding the module:
+            # where peft is installed, diffusers' loaders import it and peft needs scipy.sparse (an H100 start
+            # failed so).
             from runner.refserver.qwen_image.engine import QwenEngine
 
             engine: AnyEngine = QwenEngine(config)

@@ -278,11 +278,12 @@ def readings(store: object, own: Mapping[str, tuple[str, ...]] | None = None, se
             try:
                 data = server_file.read(store.root, d.snapshot, snapshot.MAX_FILE_BYTES)
                 # The runner asked /start_profile (which clears the history) just before the request: the trace
-                # is the request's own (began at 0); at a load OOM everything live was the load's.
+                # is the request's own (began at 0); at a load OOM everything live was the load's. A kept pass
+                # reads what is live at the snapshot (after the request), not at the request's high point.
                 began = LOAD_BEGAN_US if d.references is None and d.at == "oom" else 0
                 held = snapshot.from_json(isolated.read("snapshot", data, {
                     "request_began_us": began, "own": list((own or {}).get(d.card, SERVER_PACKAGES)),
-                    "secrets": list(masked)}, snapshot.SnapshotError))
+                    "secrets": list(masked), "at_end": d.at == "kept"}, snapshot.SnapshotError))
             except ValueError as exc:  # NotRead, SnapshotError: our one line
                 why = f"allocator snapshot {d.snapshot} not read: {exc}"
             except Exception as exc:  # anything else: named, and the report goes on

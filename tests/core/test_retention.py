@@ -23,11 +23,12 @@ def level(source: str, value: int, bound: str = "exact") -> Level:
 
 
 def session(floor: Callable[[int, int, int], int], wall: Callable[[int, bool], float], *, source: str = "server",
-            bound: str = "exact", peak: Callable[[int], int] | None = None, sends: int = 1) -> list[StepRecord]:
+            bound: str = "exact", peak: Callable[[int], int] | None = None, sends: int = 1,
+            order: list[tuple[int, int]] = ORDER) -> list[StepRecord]:
     """The records of one start sending ORDER: `floor(distinct, sent, refs)` the level after each request,
     `wall(refs, cached)` each send's seconds, `peak(refs)` the request's peak on the floor's source."""
     out, seen, sent, before = [], set(), 0, LOAD
-    for i, (n, seed) in enumerate(ORDER):
+    for i, (n, seed) in enumerate(order):
         refs = [f"ref{k}" for k in range(1, n + 1)]
         cached = all(r in seen for r in refs)
         seen.update(refs)
@@ -53,7 +54,7 @@ def test_a_cross_request_cache_is_read_per_distinct_reference_and_faster_cached(
     assert r is not None and r.kind == "per-reference", r
     assert r.per_bytes == pytest.approx(r_bytes, rel=0.1) and r.bound == "exact" and r.points == 8
     assert r.fills_card_at == (24 * 2**30 - LOAD) // r.per_bytes  # 34 distinct references
-    assert r.last_request_too  # ascending order: the last request carried every reference seen
+    assert list(r.also) == ["until-next-request"]  # ascending order: the last request carried every reference seen
     speed = cached_speed(steps)
     assert speed is not None and speed.faster and speed.ratio == pytest.approx(1.9, rel=0.1), speed
     line = retention_sentence("retain", r, speed)
@@ -124,18 +125,47 @@ def test_the_probe_tells_the_last_requests_references_from_a_cache_of_every_refe
     steps = session(lambda d, s, n: n * per, lambda n, cached: 1.0)
     assert probe_step(steps, None) is steps[0]  # ascending order: the records cannot tell, so ask
     r = retention(steps, None, probe_after(steps, per + 300 * 1024))
-    assert r is not None and r.kind == "until-next-request" and not r.last_request_too, r
+    assert r is not None and r.kind == "until-next-request" and not r.also, r
     assert r.fills_card_at is None and r.probe_floor_bytes == LOAD + per + 300 * 1024
     line = retention_sentence("default", r, None)
     assert line is not None and "per reference of the last request until the next one" in line
     assert "the 1 ref request left 412.29 MiB" in line
     # a cache of every distinct reference: the level stays where the last request left it
     kept = retention(steps, 64 * 2**30, probe_after(steps, 4 * per))
-    assert kept is not None and kept.kind == "per-reference" and not kept.last_request_too
+    assert kept is not None and kept.kind == "per-reference" and not kept.also
     assert kept.fills_card_at is not None
     # a probe that lands between the two says nothing
     unsure = retention(steps, None, probe_after(steps, 2 * per + per // 2))
-    assert unsure is not None and unsure.kind == "per-reference" and unsure.last_request_too
+    assert unsure is not None and unsure.kind == "per-reference" and "until-next-request" in unsure.also
+
+
+ONE_SEED = [(1, 1), (2, 1), (3, 1), (4, 1)]  # every request brings exactly one new reference
+
+
+def test_a_leak_where_every_request_brings_one_new_reference_is_told_by_the_probe() -> None:
+    # The H100 run (docs/evidence/h200-retention): one seed, two sends a step, a 512 MiB leak per request: the
+    # levels grow 1 GiB a step, one new reference a step; per reference, until the next and per request all fit
+    leak = 512 * MIB
+    steps = session(lambda d, s, n: s * leak, lambda n, cached: 1.0, sends=2, order=ONE_SEED)
+    r = retention(steps, None)
+    assert r is not None and r.kind == "per-reference" and r.per_bytes == pytest.approx(2 * leak, rel=0.01), r
+    assert r.also == {"per-request": pytest.approx(leak, rel=0.01), "until-next-request": r.per_bytes}, r.also
+    assert probe_step(steps, None) is steps[0]
+    line = retention_sentence("leak", r, None)
+    assert line is not None and "512.00 MiB kept per request sent, whatever it carries (a leak)" in line
+    # the probe (the first request once more) grows by one more leak: per request, whatever the order said
+    last = 8 * leak
+    told = retention(steps, 40 * 2**30, probe_after(steps, last + leak + 100 * 1024))
+    assert told is not None and told.kind == "per-request" and not told.also, told
+    assert told.per_bytes == pytest.approx(leak, rel=0.01) and told.fills_card_at == (40 * 2**30 - LOAD) // told.per_bytes
+    line = retention_sentence("leak", told, None)
+    assert line is not None and "keeps 512.00 MiB per request sent" in line and "one request more, one leak more" in line
+    # a cache of every reference: the probe's level stays at the last; kept until the next: back to its own
+    cache = session(lambda d, s, n: d * 1600 * MIB, lambda n, cached: 1.0, sends=2, order=ONE_SEED)
+    kept = retention(cache, None, probe_after(cache, 4 * 1600 * MIB))
+    assert kept is not None and kept.kind == "per-reference" and not kept.also
+    back = retention(cache, None, probe_after(cache, 1600 * MIB))
+    assert back is not None and back.kind == "until-next-request"
 
 
 def test_no_probe_where_the_records_already_tell() -> None:

@@ -202,6 +202,41 @@ def test_a_snapshot_of_a_served_request_is_replayed_to_its_peak() -> None:
                                                                              ("/srv/app/engine.py:60", 300)]
 
 
+def test_a_kept_pass_reads_what_outlived_the_request_not_its_peak() -> None:
+    """The kept pass (issue 45): at its high point a request holds its activations; what it leaves is what is
+    live at the snapshot, after it. An H100 run read the peak and named diffusers' GELU output as kept."""
+    act, store = [_frame(TORCH, 134, "forward")], [_frame(OWN, 40, "store")]
+    blocks = [_block(0, 1000), _block(1000, 300, frames=store), _block(1300, 1700, "inactive")]
+    snap = {"segments": [{"address": 0, "total_size": 3000, "blocks": blocks}],
+            "device_traces": [[
+                {"action": "alloc", "addr": 1000, "size": 300, "time_us": 5, "frames": store},
+                {"action": "alloc", "addr": 1300, "size": 1700, "time_us": 6, "frames": act},
+                {"action": "free_completed", "addr": 1300, "size": 1700, "time_us": 7, "frames": act},
+            ]]}
+    peak = S.read(snap, request_began_us=0)
+    assert peak.request_bytes == 2000  # the activation was live at the high point
+    end = S.read(snap, request_began_us=0, at_end=True)
+    assert (end.exact, end.resident_bytes, end.request_bytes) == ("segments", 1000, 300)
+    assert [(s.site, s.bytes) for s in end.by_site if s.phase == "request"] == [("/srv/app/engine.py:40", 300)]
+    assert not end.history_full
+
+
+def test_a_full_history_does_not_call_the_blocks_before_it_resident() -> None:
+    """A trace of max_entries events has wrapped: a live block whose alloc was overwritten may be the request's
+    (the refserver's retained K/V, made at the request's start) as well as the load's: the split is unknown."""
+    act = [_frame(OWN, 88, "forward")]
+    events = [{"action": "alloc" if i % 2 == 0 else "free_completed", "addr": 5000, "size": 10, "time_us": 10 + i,
+               "frames": act} for i in range(S.HISTORY_ENTRIES)]
+    snap = {"segments": [{"address": 0, "total_size": 6000, "blocks": [_block(0, 1000), _block(1000, 4000)]}],
+            "device_traces": [events]}
+    h = S.read(snap, request_began_us=0, at_end=True)
+    assert h.history_full and h.resident_bytes is None and h.request_bytes is None
+    assert any(n.startswith("the allocator's history is full (100,000 events") for n in h.notes)
+    # a load OOM's trace (began after it) is not in doubt: everything before it is the load's
+    load = S.read(snap, request_began_us=2**62, at_end=True)
+    assert not load.history_full and load.resident_bytes == 5000
+
+
 def test_a_model_package_outside_site_packages_is_named_from_its_package() -> None:
     """diffusers installed into a folder of its own on PYTHONPATH (the H200 run's /tmp/h200-site): its frames are
     package-relative, as the OOM's site from the traceback is, once the matrix names it in model_packages."""

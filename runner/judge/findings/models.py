@@ -182,10 +182,11 @@ class Retention(Record):
     residual_bytes: int | None = Field(default=None, description="the line's worst residual")
     fills_card_at: int | None = Field(default=None, description="distinct references (or requests) at which what "
                                                                 "is kept alone would fill the card's capacity")
-    last_request_too: bool = Field(default=False, description="per-reference, where every request carried all "
-                                                              "references sent before it (the matrix's ascending "
-                                                              "order): also read as 'the last request's "
-                                                              "references are kept until the next one'")
+    also: dict[Literal["per-reference", "until-next-request", "per-request"], int] = Field(
+        default_factory=dict, description="readings the levels fit as well as `kind`, each with its bytes per "
+                                          "reference or request (every request brought one new reference; every "
+                                          "request carried all references before it): the retention probe tells "
+                                          "them apart where it was sent and its level is clear; empty: none")
     probe_floor_bytes: int | None = Field(default=None, description="the level after the retention probe (the "
                                                                     "first request sent again after the last)")
     probe_references: int | None = Field(default=None, description="the probe's reference count")

@@ -19,6 +19,7 @@ residual must be within the tolerance; the line with the smaller residual is the
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from runner.judge.findings.held import Reading
 from runner.judge.findings.models import CachedSpeed, HeldSite, Retention
 
 KEEPS = ("per-reference", "until-next-request", "per-request")  # kinds where something stays after a request
+KIND = {"distinct": "per-reference", "sent": "per-request"}  # each line's x and the reading it stands for
 MIN_TOLERANCE = 256 * 1024  # bytes: below this a floor's change is the allocator's rounding, not a kept tensor
 TOLERANCE_SHARE = 0.01  # of the load level
 FASTER = 1.15  # a cached request this many times faster than a cold one, in every pair, is "faster"
@@ -118,44 +120,63 @@ def retention(steps: Sequence[StepRecord], capacity_bytes: int | None,
         return Retention(kind="cannot-tell", why="the floor follows the largest request so far (the allocator "
                                                  "keeps freed blocks reserved): an upper bound of what is kept",
                          **common)
-    fits = sorted(((*_slope(points, x), x) for x in ("distinct", "sent")), key=lambda f: f[1])
-    slope, residual, x = fits[0]
-    if residual > max(tol, 0.1 * abs(last)) or slope <= 0:
-        return Retention(kind="cannot-tell", residual_bytes=int(residual),
+    limit = max(tol, 0.1 * abs(last))
+    fits = {KIND[x]: _slope(points, x) for x in ("distinct", "sent")}
+    lines = {k: f for k, f in fits.items() if f[1] <= limit and f[0] > 0}
+    if not lines:
+        worst = int(min(f[1] for f in fits.values()))
+        return Retention(kind="cannot-tell", residual_bytes=worst,
                          why="the floors follow neither a line per distinct reference nor one per request "
-                             f"(worst residual {int(residual)} bytes)", **common)
-    kind = "per-reference" if x == "distinct" else "per-request"
-    tie = kind == "per-reference" and _distinct_is_last(start)
-    room = (capacity_bytes - load) if capacity_bytes is not None else None
-    fills = int(room // slope) if room is not None and room > 0 else None
+                             f"(worst residual {worst} bytes)", **common)
+    kind = min(lines, key=lambda k: lines[k][1])
+    # Lines whose residuals differ by no more than the tolerance fit alike (every request here brought one new
+    # reference): the records cannot tell them apart. Nor "per reference" from "until the next request" where
+    # every request carried every reference before it (the matrix's ascending order).
+    rivals = [k for k in lines if k != kind and lines[k][1] <= lines[kind][1] + tol]
+    if "per-reference" in (kind, *rivals) and _distinct_is_last(start):
+        rivals.append("until-next-request")
+    per = {k: int(lines[_line(k)][0]) for k in (kind, *rivals)}
     own = next((p.floor for p in points if probe is not None and p.refs == probe.references), None)
-    told = _probed(probe, start[0].attempt, src, load, own, last) if tie else None
+    told = _probed(probe, start[0].attempt, src, load, {k: _predicts(k, per[k], own, last) for k in per}, tol) \
+        if rivals else None
     if told is not None:
         kind, probe_floor = told
         common |= {"probe_floor_bytes": load + probe_floor, "probe_references": probe.references if probe else None}
-        tie = False
-        fills = None if kind == "until-next-request" else fills
-    return Retention(kind=kind, per_bytes=int(slope), residual_bytes=int(residual), fills_card_at=fills,
-                     last_request_too=tie, **common)
+        rivals = []
+    room = (capacity_bytes - load) if capacity_bytes is not None else None
+    fills = int(room // per[kind]) if room is not None and room > 0 and kind != "until-next-request" else None
+    also = {k: per[k] for k in rivals}
+    return Retention(kind=kind, per_bytes=per[kind], residual_bytes=int(lines[_line(kind)][1]), fills_card_at=fills,
+                     also=also, **common)
 
 
-def _probed(probe: RetentionProbe | None, attempt: int, src: str, load: int, own: int | None, last: int
-            ) -> tuple[str, int] | None:
-    """What the probe's level says: back near the level its own request left the first time (the last request's
-    references were kept until the next), or near the last level (every distinct reference stays): the nearer
-    of the two, where it is within a quarter of the gap between them; None: it cannot say."""
-    if probe is None or not probe.served or probe.attempt != attempt or own is None:
+def _line(kind: str) -> str:
+    """The line a reading stands on ("until the next request" is the per-reference line told by the probe)."""
+    return "per-reference" if kind == "until-next-request" else kind
+
+
+def _predicts(kind: str, per: int, own: int | None, last: int) -> int | None:
+    """Where each reading puts the level after the probe (the session's first request sent once more after its
+    last): a cache of every distinct reference stays at the last level; the last request's references kept until
+    the next fall back to the level the probe's own request left the first time; a leak grows by one more."""
+    return {"per-reference": last, "until-next-request": own, "per-request": last + per}[kind]
+
+
+def _probed(probe: RetentionProbe | None, attempt: int, src: str, load: int, predicted: dict[str, int | None],
+            tol: int) -> tuple[str, int] | None:
+    """The reading the probe's level agrees with: the nearest prediction, where it is within a quarter of the
+    least gap between two predictions (and that gap is past the tolerance); None: it cannot say."""
+    if probe is None or not probe.served or probe.attempt != attempt:
         return None
     floor = _level(probe.floor_after, src)
-    if floor is None:
+    known = {k: v for k, v in predicted.items() if v is not None}
+    if floor is None or len(known) < 2:
         return None
     y = floor - load
-    gap = abs(last - own)
-    if abs(y - own) <= gap / 4:
-        return "until-next-request", y
-    if abs(y - last) <= gap / 4:
-        return "per-reference", y
-    return None
+    values = sorted(known.values())
+    gap = min(b - a for a, b in itertools.pairwise(values))
+    kind = min(known, key=lambda k: abs(y - known[k]))
+    return (kind, y) if gap > tol and abs(y - known[kind]) <= gap / 4 else None
 
 
 def probe_step(steps: Sequence[StepRecord], capacity_bytes: int | None) -> StepRecord | None:
@@ -164,7 +185,7 @@ def probe_step(steps: Sequence[StepRecord], capacity_bytes: int | None) -> StepR
     with fewer references after them tells "every distinct reference stays" from "the last request's stay until
     the next". None where the records already tell (or cannot say anything)."""
     r = retention(steps, capacity_bytes)
-    if r is None or r.kind != "per-reference" or not r.last_request_too:
+    if r is None or not r.also:
         return None
     start = [s for s in _start(steps) if s.status == Status.OK and s.references > 0]
     first = min(start, key=lambda s: (s.references, s.started_at or 0.0), default=None)
@@ -242,6 +263,9 @@ def with_kept(r: Retention | None, readings: Sequence[Reading]) -> Retention | N
         return r
     if reading.held is None:
         return r.model_copy(update={"kept_references": reading.references, "kept_why": reading.why or "no snapshot"})
+    if reading.held.history_full:
+        return r.model_copy(update={"kept_references": reading.references, "kept_why": next(
+            n for n in reading.held.notes if n.startswith("the allocator's history is full"))})
     live = sorted((s for s in reading.held.by_site if s.phase == "request"), key=lambda s: -s.bytes)
     sites = tuple(HeldSite(site=s.site, function=s.function, phase="request", bytes=s.bytes, blocks=s.blocks,
                            part=s.part) for s in live[:KEPT_SITES])
