@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
+import io
 import os
 import stat
 import threading
@@ -23,6 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
+from PIL import Image
 
 from runner import backends
 from runner.backends.base import Attempt, StartFailed, StartInterrupted
@@ -197,7 +200,10 @@ def run_target(session_runner: object, target: Target) -> DiagnosisRecord:
             else:
                 with bounded.client() as client:
                     if prof.warm_first:  # unmeasured: it only puts the profiler's start on the serving thread
-                        r.sender(client, server).send(r._request(target.step))
+                        # A kept pass warms with a picture no step sends: its request must find nothing cached
+                        warm = (r._request(target.step, (unseen_reference(),)) if target.at == "kept"
+                                else r._request(target.step))
+                        r.sender(client, server).send(warm)
                     t1 = time.time()
                     why = _control(client, server.base_url, prof.start_path, ctx.stop)
                     if why is not None:  # nothing was sent under the profiler: no outcome of the request
@@ -255,6 +261,15 @@ def failed(session: Session, target: Target, started_at: float, exc: BaseExcepti
                            references=target.step.references if target.step else None, started_at=started_at,
                            total_s=round(max(0.0, time.time() - started_at), 3), outcome="failed",
                            why_none=f"no allocator snapshot: the diagnosis pass failed ({type(exc).__name__})")
+
+
+@functools.cache
+def unseen_reference() -> tuple[str, bytes]:
+    """A reference no step sends (a mid-grey PNG the runner draws): what a kept pass warms the server with, so
+    that a cache across requests holds none of the references its measured request brings."""
+    out = io.BytesIO()
+    Image.new("RGB", (64, 64), (127, 127, 127)).save(out, format="PNG")
+    return "image/png", out.getvalue()
 
 
 LOAD_BEGAN_US = 2**62  # a load OOM has no request: everything live was held by the load (resident)

@@ -58,6 +58,7 @@ from runner.run.step_records import Served, max_by_source, skipped, step_record,
 from runner.run.store import RunStore
 
 MEMORY_FLUSH_S = 10.0  # a running start's memory samples reach memory.csv at least this often
+QUIET_WIDEN = 4  # a quiet window with no sample from a working sampler is widened by quiet_s at most this often
 
 
 @dataclass
@@ -219,9 +220,11 @@ class SessionRunner:
         return Sender(client, server, self.profile.dialect, self.run.request_timeout_s, self.run.size,
                       self.ctx.stop, server.own_packages)
 
-    def _request(self, step: Step) -> dialects.HttpCall:
+    def _request(self, step: Step, references: tuple[tuple[str, bytes], ...] | None = None) -> dialects.HttpCall:
+        """A step's request; `references` (mime, bytes) in place of its fixture's, where given."""
         fixture = self.ctx.matrix.fixtures[step.fixture]
-        refs = tuple(self.refs.get(p) for p in fixture.references[: step.references])
+        refs = references if references is not None else \
+            tuple(self.refs.get(p) for p in fixture.references[: step.references])
         req = dialects.ImageRequest(model=self.profile.model, prompt=fixture.prompt, references=refs,
                                     seed=step.seed, steps=self.run.steps, size=self.run.size,
                                     true_cfg_scale=self.run.true_cfg_scale,
@@ -272,10 +275,19 @@ class SessionRunner:
         server holds between requests."""
         if self.run.quiet_s <= 0:
             return ()
+        device = [m for m in meters if m.metric == MemoryMetric.DEVICE]
         t0 = time.time()
         self.ctx.stop.wait(self.run.quiet_s)
+        # A sampler that has read before but not in this window (a loaded host, a slow /metrics) gets the window
+        # widened, up to QUIET_WIDEN times: one missed sample must not cost a finding its load level
+        for _ in range(QUIET_WIDEN):
+            levels = [m.window_floor(t0, time.time()) for m in device]
+            if self.ctx.stop.is_set() or all(lv.available or not m.provenance().get("samples")
+                                             for m, lv in zip(device, levels, strict=True)):
+                break
+            self.ctx.stop.wait(self.run.quiet_s)
         t1 = time.time()
-        return tuple(m.window_floor(t0, t1) for m in meters if m.metric == MemoryMetric.DEVICE)
+        return tuple(m.window_floor(t0, t1) for m in device)
 
     def top_up(self, sender: Sender, meters: list[Meter], topup: policy.TopUp) -> StepRecord:
         """`repeats = "auto"`: send a recorded, served step's request `topup.sends` more times, timed, and
