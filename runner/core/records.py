@@ -430,6 +430,7 @@ class SoakRequest(Record):
                                                         "in the card's meter order (the response's own included), "
                                                         "else the first device source saying why it has none")
     floor_after: Level | None = Field(default=None, description="the level it left in the quiet window after it: "
+                                                                "the server's exact figure where it has one, else "
                                                                 "the first device source with one, else the first "
                                                                 "saying why it has none")
     schema_version: int = Field(default=SCHEMA_VERSION, ge=1)

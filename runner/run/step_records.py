@@ -145,7 +145,14 @@ def soak_request(key: str, number: int, step: Step, attempt: int, sends: Sends, 
                        seed=step.seed, started_at=sends.t0, wall_s=sends.sends[0].wall_s,
                        status=Status.OK if failure is None else Status.FAILED, failure=failure,
                        peak=next((p for p in device if p.available), device[0] if device else None),
-                       floor_after=next((lv for lv in floors if lv.available), floors[0] if floors else None))
+                       floor_after=_best(floors))
+
+
+def _best(levels: tuple[Level, ...]) -> Level | None:
+    """The level a soak request keeps: the server's exact figure where it has one, else the first available
+    (meter order), else the first, saying why it is not there."""
+    read = [lv for lv in levels if lv.available]
+    return next((lv for lv in read if lv.bound == "exact"), read[0] if read else levels[0] if levels else None)
 
 
 def topped_up(old: StepRecord, sends: Sends, peaks: tuple[Peak, ...], repeat_psnr_db: float | None) -> StepRecord:
