@@ -91,7 +91,8 @@ def soak_lines(card: CardSoak) -> list[str]:
     lines = [f"Each soaked flag set got up to {card.requests} requests{bound} on one fresh server start after the "
              f"card's sessions, one at a time, mixing {counts} ({order}); it stops at its first failure. Its "
              "figures are its own records (`soak/requests.jsonl`), never a matrix cell's; a drift is a least-squares "
-             "slope within each server start and reference count.", ""]
+             "slope within each server start and reference count, over the requests that brought no reference "
+             "their server had not seen (a cache filling once is not creep).", ""]
     if card.not_soaked:
         return [*lines, f"No flag set was soaked: {md(card.not_soaked)}."]
     for flags, f in card.flag_sets.items():

@@ -157,9 +157,11 @@ def test_a_leak_where_every_request_brings_one_new_reference_is_told_by_the_prob
     last = 8 * leak
     told = retention(steps, 40 * 2**30, probe_after(steps, last + leak + 100 * 1024))
     assert told is not None and told.kind == "per-request" and not told.also, told
-    assert told.per_bytes == pytest.approx(leak, rel=0.01) and told.fills_card_at == (40 * 2**30 - LOAD) // told.per_bytes
+    assert told.per_bytes == pytest.approx(leak, rel=0.01)
+    assert told.fills_card_at == (40 * 2**30 - LOAD) // told.per_bytes
     line = retention_sentence("leak", told, None)
-    assert line is not None and "keeps 512.00 MiB per request sent" in line and "one request more, one leak more" in line
+    assert line is not None and "keeps 512.00 MiB per request sent" in line
+    assert "one request more, one leak more" in line
     # a cache of every reference: the probe's level stays at the last; kept until the next: back to its own
     cache = session(lambda d, s, n: d * 1600 * MIB, lambda n, cached: 1.0, sends=2, order=ONE_SEED)
     kept = retention(cache, None, probe_after(cache, 4 * 1600 * MIB))

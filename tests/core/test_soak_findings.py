@@ -118,10 +118,23 @@ def test_latency_p50_p95_max_and_its_drift() -> None:
     assert f.latency_p50_s == pytest.approx(np.median(walls), abs=1e-4)
     assert f.latency_p95_s == pytest.approx(np.percentile(walls, 95), abs=1e-4)  # linear between order statistics
     assert f.latency_max_s == pytest.approx(max(walls))
-    slope, low, high = reference_fit([((0, 1), n, w) for n, w in enumerate(walls, start=1)])
+    # the first request brought its reference (a cache's warm-up, not creep): the drift is read over 2..20
+    slope, low, high = reference_fit([((0, 1), n, w) for n, w in enumerate(walls, start=1) if n > 1])
     d = f.latency_drift
     assert d is not None and d.distinguishable and (d.per_request, d.low, d.high) == (
         pytest.approx(slope), pytest.approx(low), pytest.approx(high))
+
+
+def test_a_cache_that_fills_once_is_no_drift_and_a_leak_after_it_is() -> None:
+    """Retain's soak (examples/local.toml): the level grows while references arrive (requests 1-4 of a cycle of
+    1-4 references), then stays. Read over every request it was a drift that 'reaches the card within 76 more
+    requests'; over the requests that brought nothing new it is none. A leak still drifts there."""
+    cache = series(range(1, 13), counts=(1, 2, 3, 4), floor=lambda n, refs, a: 10 * MIB + min(n, 4) * 256 * 1024)
+    f = flag_soak(soak_record(requests=12, stopped="requests", references=(1, 2, 3, 4)), cache, None)
+    assert f.floor_drift is not None and f.floor_drift.per_request == 0 and f.floor_drift.points == 8
+    leak = series(range(1, 13), counts=(1, 2, 3, 4), floor=lambda n, refs, a: 10 * MIB + n * MIB)
+    f = flag_soak(soak_record(requests=12, stopped="requests", references=(1, 2, 3, 4)), leak, None)
+    assert f.floor_drift is not None and f.floor_drift.per_request == pytest.approx(MIB)
 
 
 def test_no_distance_to_the_capacity_without_a_drift_that_stands_out() -> None:

@@ -137,8 +137,11 @@ def retention(steps: Sequence[StepRecord], capacity_bytes: int | None,
         rivals.append("until-next-request")
     per = {k: int(lines[_line(k)][0]) for k in (kind, *rivals)}
     own = next((p.floor for p in points if probe is not None and p.refs == probe.references), None)
-    told = _probed(probe, start[0].attempt, src, load, {k: _predicts(k, per[k], own, last) for k in per}, tol) \
-        if rivals else None
+    # the probe's level is told against the levels' own scatter (the best line's worst residual), not the
+    # tolerance: an exact source tells 190 KiB apart where the tolerance is 256 KiB
+    scatter = max(int(lines[kind][1]), 4096)
+    told = _probed(probe, start[0].attempt, src, load, {k: _predicts(k, per[k], own, last) for k in per},
+                   scatter) if rivals else None
     if told is not None:
         kind, probe_floor = told
         common |= {"probe_floor_bytes": load + probe_floor, "probe_references": probe.references if probe else None}
@@ -163,9 +166,9 @@ def _predicts(kind: str, per: int, own: int | None, last: int) -> int | None:
 
 
 def _probed(probe: RetentionProbe | None, attempt: int, src: str, load: int, predicted: dict[str, int | None],
-            tol: int) -> tuple[str, int] | None:
+            scatter: int) -> tuple[str, int] | None:
     """The reading the probe's level agrees with: the nearest prediction, where it is within a quarter of the
-    least gap between two predictions (and that gap is past the tolerance); None: it cannot say."""
+    least gap between two predictions and that quarter is past the levels' scatter; None: it cannot say."""
     if probe is None or not probe.served or probe.attempt != attempt:
         return None
     floor = _level(probe.floor_after, src)
@@ -176,7 +179,7 @@ def _probed(probe: RetentionProbe | None, attempt: int, src: str, load: int, pre
     values = sorted(known.values())
     gap = min(b - a for a, b in itertools.pairwise(values))
     kind = min(known, key=lambda k: abs(y - known[k]))
-    return (kind, y) if gap > tol and abs(y - known[kind]) <= gap / 4 else None
+    return (kind, y) if gap / 4 > scatter and abs(y - known[kind]) <= gap / 4 else None
 
 
 def probe_step(steps: Sequence[StepRecord], capacity_bytes: int | None) -> StepRecord | None:

@@ -101,6 +101,21 @@ def _outcome(record: SoakRecord, requests: Sequence[SoakRequest], failure: SoakF
     return "held" if record.stopped in ("requests", "minutes") else "incomplete"
 
 
+def _in_service(served: Sequence[SoakRequest]) -> set[int]:
+    """The requests a drift is read over: each after the first arrival of every reference it carries in its
+    start. A request that brings a reference its server has not seen fills what a cache keeps, once; growth there
+    is the cache's warm-up, not creep (a fixture's references are its first `references` pictures, so a request
+    brings a new one where its count passes the most its start has sent of that fixture)."""
+    most: dict[tuple[int, str], int] = {}
+    out = set()
+    for r in served:
+        key = (r.attempt, r.fixture)
+        if r.references <= most.get(key, 0):
+            out.add(r.number)
+        most[key] = max(most.get(key, 0), r.references)
+    return out
+
+
 def flag_soak(record: SoakRecord, requests: Sequence[SoakRequest], capacity_bytes: int | None) -> SoakFindings:
     """One soaked flag set's findings from its soak.json and its request records (in request order)."""
     served = [r for r in requests if r.status == Status.OK]
@@ -111,8 +126,9 @@ def flag_soak(record: SoakRecord, requests: Sequence[SoakRequest], capacity_byte
     floors = [(r, b) for r in served if floor and (b := _floor(r, floor[0])) is not None]
     peaks = [(r, b) for r in served if peak and (b := _peak(r, peak[0])) is not None]
     walls = sorted(r.wall_s for r in served)
-    floor_drift = drift([((r.attempt, r.references), r.number, float(b)) for r, b in floors])
-    peak_drift = drift([((r.attempt, r.references), r.number, float(b)) for r, b in peaks])
+    seen = _in_service(served)
+    floor_drift = drift([((r.attempt, r.references), r.number, float(b)) for r, b in floors if r.number in seen])
+    peak_drift = drift([((r.attempt, r.references), r.number, float(b)) for r, b in peaks if r.number in seen])
     highest = max((b for _, b in peaks), default=None)
     to_capacity = None
     if capacity_bytes is not None and peak_drift is not None and peak_drift.distinguishable \
@@ -130,7 +146,7 @@ def flag_soak(record: SoakRecord, requests: Sequence[SoakRequest], capacity_byte
         latency_p50_s=round(statistics.median(walls), 4) if walls else None,
         latency_p95_s=round(_percentile(walls, 95), 4) if walls else None,
         latency_max_s=round(walls[-1], 4) if walls else None,
-        latency_drift=drift([((r.attempt, r.references), r.number, r.wall_s) for r in served]),
+        latency_drift=drift([((r.attempt, r.references), r.number, r.wall_s) for r in served if r.number in seen]),
         capacity_bytes=capacity_bytes, why=record.why)
 
 
