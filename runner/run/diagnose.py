@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 from PIL import Image
@@ -40,6 +41,10 @@ from runner.observe.traceback import SERVER_PACKAGES
 from runner.plan.lanes import Session, Step
 from runner.run import dialects
 from runner.run.interrupts import Abandoned, interruptible
+from runner.run.store import RunStore
+
+if TYPE_CHECKING:  # the executor calls this module: its type only, no import at run time (no circle)
+    from runner.run.execute import SessionRunner
 
 DIAGNOSIS = "diagnosis.json"
 FOLDER = "diagnosis"
@@ -142,14 +147,11 @@ def _control(client: httpx.Client, base: str, path: str, stop: threading.Event) 
     return None if 200 <= answer.status < 300 else f"POST {path} answered {answer.status}"
 
 
-def run_target(session_runner: object, target: Target) -> DiagnosisRecord:
+def run_target(session_runner: SessionRunner, target: Target) -> DiagnosisRecord:
     """One diagnosis pass (side effects: a server start, three requests, files). `session_runner` is the
     session's execute.SessionRunner (its plan, store, references and request building). Whatever fails in it
     is the record's outcome and `why_none`; an interrupt is Abandoned (nothing to record: a resume runs the
     pass again)."""
-    from runner.run.execute import SessionRunner
-
-    assert isinstance(session_runner, SessionRunner)
     r = session_runner
     ctx, session = r.ctx, r.session
     key = session.key
@@ -275,16 +277,13 @@ def unseen_reference() -> tuple[str, bytes]:
 LOAD_BEGAN_US = 2**62  # a load OOM has no request: everything live was held by the load (resident)
 
 
-def readings(store: object, own: Mapping[str, tuple[str, ...]] | None = None, secrets: Iterable[str] = ()
+def readings(store: RunStore, own: Mapping[str, tuple[str, ...]] | None = None, secrets: Iterable[str] = ()
              ) -> dict[tuple[str, str], tuple[Reading, ...]]:
     """Every diagnosis record's snapshot, read (runner.observe.snapshot, in the bounded child of
     runner.observe.isolated, from a file opened as runner.observe.server_file opens one): by (card, flags), its
     sites relative to the card's server and model packages (`own`, by card), `secrets` (the values resolved into
     the servers' environments) masked in every text. Whatever goes wrong with one snapshot is its one line,
     never a traceback and never the report's end."""
-    from runner.run.store import RunStore
-
-    assert isinstance(store, RunStore)
     masked = tuple(secrets)
     out: dict[tuple[str, str], list[Reading]] = {}
     for d in store.load_diagnoses():
