@@ -51,7 +51,7 @@ def test_every_record_of_a_fresh_local_run_validates(local_example: ExampleRun) 
     by_schema = {p: result for p in (*steps, *sessions, *diagnoses, run / "run.json")}
     by_schema[run / "verdict.json"] = verdict
     by_schema[run / "profiles.json"] = findings
-    assert len(steps) == 102 and len(sessions) == 15 and len(diagnoses) >= 1
+    assert len(steps) == 107 and len(sessions) == 16 and len(diagnoses) >= 1
     assert set(run.rglob("*.json")) == set(by_schema)  # no JSON file of the run is left unchecked
     for path, check in by_schema.items():
         assert not (found := problems(check, json.loads(path.read_text()))), f"{path.relative_to(run)}: {found}"
