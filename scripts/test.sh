@@ -16,7 +16,7 @@ elif ! docker/omni-stand/build.sh > /dev/null; then
     echo "test.sh: warning: no image of the test stand; its docker-backend tests (tests/stand) are skipped" >&2
 fi
 .venv/bin/ruff check .
-.venv/bin/mypy                                # strict on the pure core ([tool.mypy] in pyproject.toml)
+.venv/bin/mypy                                # all of runner/, strict on the pure core ([tool.mypy] in pyproject.toml)
 # In parallel (pytest-xdist): much of the suite waits on servers, timers and daemons, so two workers per core;
 # `loadgroup` keeps the tests that share one costly or exclusive thing on one worker (tests/conftest.py).
 .venv/bin/python -m pytest -q -n "$(( 2 * $(nproc) ))" --dist loadgroup --durations=15   # the 15 slowest tests

@@ -87,8 +87,8 @@ def _usable(step: StepRecord, rules: VerdictRules) -> tuple[str, str] | None:
 def summarise(steps: list[StepRecord], rules: VerdictRules) -> list[Cell]:
     cells = []
     keyfn = attrgetter("flags", "references")
-    for (flags, n), group in itertools.groupby(sorted(steps, key=keyfn), key=keyfn):
-        group = list(group)
+    for (flags, n), grouped in itertools.groupby(sorted(steps, key=keyfn), key=keyfn):
+        group = list(grouped)
         problems = [(s, *why) for s in group if (why := _usable(s, rules))]
         served = [s for s in group if s.status == Status.OK]
         peaks = [(b, src) for s in group if s.status != Status.SKIPPED for b, src in [_device_peak(s)]
@@ -318,7 +318,7 @@ def blocked(flags: str, role: str, target: int, steps: list[StepRecord], session
         return Blocked(flags, role, Stop.UNKNOWN, f"{target} reference(s) not in the run"
                        + (f" ({seen} below it)" if seen else ""), None, cause="absent", references=target,
                        detail=seen)
-    problems = [(s, *why) for s in at if (why := _usable(s, rules))]
+    problems = [(s, *usable) for s in at if (usable := _usable(s, rules))]
     quality = next(((s, blocker, why) for s, blocker, why in problems if blocker in ("broken", "low-psnr")), None)
     if quality:
         s, blocker, why = quality
@@ -467,7 +467,7 @@ def offload_works(f: Facts) -> Decision | None:
     if flags is None or any(f.stops[d].stop == Stop.UNKNOWN for d in f.defaults):
         return None
     lat = f.stops[flags].latency
-    notes = ()
+    notes: tuple[str, ...] = ()
     if lat is not None and min(lat.samples) < 2:
         notes = (f"latency of '{flags}' from a single timed send on one side: no spread was measured "
                  f"(raise [run] repeats or add seeds)",)
@@ -519,7 +519,7 @@ def _facts(card: str, steps: list[StepRecord], sessions: list[SessionRecord], ru
     cells = tuple(summarise(steps, rules))
     found = {s.flags: s.role for s in sessions} | {s.flags: s.role for s in steps}
     rank = {"default": 0, **{r: 1 for r in rules.offload_roles}}  # the stops read default, offload, the rest
-    roles = dict(sorted(found.items(), key=lambda fr: rank.get(fr[1], 2)))
+    roles: dict[str, str] = dict(sorted(found.items(), key=lambda fr: rank.get(fr[1], 2)))
     return Facts(card, rules, cells, roles, tuple(steps), {s.flags: s for s in sessions}, baseline_wall_s)
 
 

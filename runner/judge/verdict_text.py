@@ -16,7 +16,7 @@ from runner.observe.failures import without_stamp
 
 if TYPE_CHECKING:
     from runner.judge.decision import Blocked, Cell, Decision, Verdict
-    from runner.judge.findings.models import CachedSpeed, Functional, MemoryModel, OomFacts, Retention
+    from runner.judge.findings.models import AlsoKind, CachedSpeed, Functional, MemoryModel, OomFacts, Retention
     from runner.plan.matrix import VerdictRules
 
 SUMMARY_LIMIT = 300
@@ -344,7 +344,7 @@ ALSO_WORDS = {"per-reference": "{} kept per distinct reference sent",
               "per-request": "{} kept per request sent, whatever it carries (a leak)"}
 
 
-def alternatives(also: Mapping[str, int]) -> str:
+def alternatives(also: Mapping[AlsoKind, int]) -> str:
     """What else the same levels read as, and why the records cannot say which."""
     said = " or ".join(ALSO_WORDS[k].format(size(v)) for k, v in also.items())
     return (f"the same levels read as well as {said}: in this order of requests the readings predict the same "

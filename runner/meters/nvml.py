@@ -18,6 +18,7 @@ from runner.backends.base import RunningServer
 from runner.meters.base import Meter, PolledMeter, SourceUnavailable, UnavailableMeter
 from runner.meters.gpu import GpuInfo, GpuProcess, MemorySample
 from runner.meters.idle import IdleBaseline, measure_idle
+from runner.observe.reading import BadReading
 from runner.plan.matrix import Card
 
 _init_lock = threading.Lock()
@@ -164,7 +165,11 @@ class NvmlMeter(PolledMeter):
 
     def read_many(self) -> tuple[int, ...]:
         s = self.nvml.sample()
-        return (s.used, s.reserved) if self.extra_metrics else (s.used,)
+        if not self.extra_metrics:
+            return (s.used,)
+        if s.reserved is None:  # a v2 reading always has it; without it the reading is bad, as a None figure was
+            raise BadReading("nvml reading: no reserved figure from NVML v2")
+        return (s.used, s.reserved)
 
     def read(self) -> int:
         return self.nvml.sample().used

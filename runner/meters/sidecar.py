@@ -139,9 +139,9 @@ def metrics_text(sampler: Sampler) -> str:
         if value is not None:  # an absent sample, not a 0, when there is no reading
             lines.append(f"{name}{{{labels}}} {value}")
 
-    gauge("runner_sidecar_memory_used_bytes", "NVML v2 used bytes, newest sample.", now and now.used)
+    gauge("runner_sidecar_memory_used_bytes", "NVML v2 used bytes, newest sample.", None if now is None else now.used)
     gauge("runner_sidecar_memory_reserved_bytes", "NVML v2 driver-reserved bytes, newest sample.",
-          now and now.reserved)
+          None if now is None else now.reserved)
     gauge("runner_sidecar_memory_used_max_bytes", "Maximum NVML used bytes since the previous scrape.",
           peak["used_bytes"])
     gauge("runner_sidecar_sample_rate_hz", "Achieved NVML sample rate.", sampler.info()["achieved_hz"])
@@ -201,6 +201,8 @@ class Sidecar:
     @property
     def url(self) -> str:
         host, port = self.httpd.server_address[:2]
+        if isinstance(host, bytes):  # typeshed's address allows an AF_UNIX path; this server's is an INET host
+            host = host.decode()
         return f"http://{host}:{port}"
 
     def start(self) -> Sidecar:

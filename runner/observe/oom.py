@@ -113,7 +113,7 @@ def read_oom(*, body: str = "", log: str = "", own: tuple[str, ...] = SERVER_PAC
     from_log, from_body = last_message(log), last_message(body)
     if from_log is None and from_body is None:
         return None
-    fields = {k: None for k in FIELDS}
+    fields: dict[str, int | None] = {k: None for k in FIELDS}
     for message in (from_body, from_log):  # the log wins where both carry a field
         if message is not None:
             fields.update({k: v for k, v in parse_message(message).items() if v is not None})

@@ -50,7 +50,7 @@ def load_samples(directory: Path) -> list[Sample]:
 def find(samples: list[Sample], fixture: str, references: int, seed: int) -> Sample | None:
     exact = [s for s in samples if s.fixture == fixture and s.seed == seed and s.references == references]
     loose = [s for s in samples if s.fixture == fixture and s.seed == seed and s.references is None]
-    return (exact or loose or [None])[0]
+    return next(iter(exact or loose), None)
 
 
 def cell_mismatch(matrix: Any, card: str) -> str | None:

@@ -56,8 +56,8 @@ def fingerprint(matrix: Matrix, plan: Plan, salt: str, environ: Mapping[str, str
             samples = baseline.load_samples(b.directory)
         except UserError:
             samples = []  # already covered: samples.json's digest differs or is unreadable
-        for s in samples:
-            out[f"baseline {s.file.name}"] = _file(s.file)
+        for sample in samples:
+            out[f"baseline {sample.file.name}"] = _file(sample.file)
     names = sorted({name for s in plan.sessions if s.server for v in s.server.env.values()
                     for name in env_refs(v)})
     for name in names:

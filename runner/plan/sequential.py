@@ -139,13 +139,15 @@ def ratio_interval(num: Side, den: Side | float, num_noise: Noise | None, den_no
     session's pooled noise; `den` a number: one recorded figure taken as exact (a baseline's wall time).
     Paired by seed when both sides hold the same (fixture, seed) steps. None when a varying side's session
     measured no noise, or a wall time is not positive."""
-    exact = not isinstance(den, Mapping)
-    walls = [w for v in num.values() for w in v] + ([float(den)] if exact else [w for v in den.values() for w in v])
+    den_wall, den_side = (None, den) if isinstance(den, Mapping) else (float(den), {})
+    exact = den_wall is not None
+    walls = [w for v in num.values() for w in v] + ([den_wall] if den_wall is not None
+                                                   else [w for v in den_side.values() for w in v])
     if not walls or min(walls) <= 0 or not all(math.isfinite(w) for w in walls) or num_noise is None \
             or (not exact and den_noise is None):
         return None
     x = _logs(num)
-    y = {} if exact else _logs(den)
+    y = {} if exact else _logs(den_side)
     if not x or (not exact and not y):
         return None
     paired = not exact and x.keys() == y.keys()
@@ -156,7 +158,7 @@ def ratio_interval(num: Side, den: Side | float, num_noise: Noise | None, den_no
         vb = 0.0 if den_noise is None else den_noise.var * math.fsum(1 / len(y[s]) for s in y) / k**2
     else:
         xs, ys = [v for vs in x.values() for v in vs], [v for vs in y.values() for v in vs]
-        mean_y = math.log(float(den)) if exact else math.fsum(ys) / len(ys)  # type: ignore[arg-type]
+        mean_y = math.log(den_wall) if den_wall is not None else math.fsum(ys) / len(ys)
         d = math.fsum(xs) / len(xs) - mean_y
         va = num_noise.var / len(xs)
         vb = 0.0 if exact or den_noise is None else den_noise.var / len(ys)

@@ -15,10 +15,10 @@ import io
 import itertools
 import re
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 # Figures made directly, not through pyplot: no GUI backend or global figure registry to set up, a tenth of a
 # CPU-second less in every run that writes a report.
@@ -40,8 +40,20 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "h", "<", ">", "p")
 DASHES = ("-", "--", "-.", ":")
 OUTCOME_COLORS = {"served": "tab:green", "broken": "tab:orange", "failed": "tab:red"}
 OUTCOME_HATCH = {"served": None, "broken": "///", "failed": "x"}
-NOT_SERVED = {"marker": "x", "color": "black", "ms": 5, "mew": 1.3, "ls": "none"}
-NEVER_READY = {"marker": "*", "mec": "black", "ms": 15, "mew": 1.0, "ls": "none"}
+
+
+class _Mark(TypedDict, total=False):
+    """Keyword arguments of a marker-only Line2D, typed so the plot calls that unpack them are checked."""
+    marker: str
+    color: str
+    mec: str
+    ms: float
+    mew: float
+    ls: Literal["none"]
+
+
+NOT_SERVED: _Mark = {"marker": "x", "color": "black", "ms": 5, "mew": 1.3, "ls": "none"}
+NEVER_READY: _Mark = {"marker": "*", "mec": "black", "ms": 15, "mew": 1.0, "ls": "none"}
 
 @dataclass(frozen=True)
 class FlagStyle:
@@ -195,8 +207,8 @@ def latency_figure(card: str, steps: Sequence[StepRecord], cells: Sequence[Cell]
     _ref_ticks(ax, sorted({c.references for c in cells}))
     ax.set_ylim(bottom=0)
     ax.set_ylabel("seconds per request")
-    sends = "seeds × repeats" if repeats > 1 else "seeds"
-    ax.set_title(f"{card}: latency vs references (median; bar: min–max over all sends, {sends})", fontsize=10)
+    over = "seeds × repeats" if repeats > 1 else "seeds"
+    ax.set_title(f"{card}: latency vs references (median; bar: min–max over all sends, {over})", fontsize=10)
     ax.grid(alpha=0.25)
     return fig
 
@@ -298,11 +310,11 @@ def session_figure(session: SessionRecord, steps: Sequence[StepRecord],
         for ax in (dev, host):
             ax.axvline(x_start, color="grey", lw=0.8, ls="--")
             ax.axvspan(x_start, ready, facecolor="grey", alpha=0.08, lw=0).set_gid(f"load|{st.attempt}")
-        first = min((r[0] for r in rows if r[3] == "device" and r[0] >= st.started_at), default=None)
-        if first is None or first - st.started_at > 0.5 * (ready - x_start):  # most of the load unseen
+        first_at = min((r[0] for r in rows if r[3] == "device" and r[0] >= st.started_at), default=None)
+        if first_at is None or first_at - st.started_at > 0.5 * (ready - x_start):  # most of the load unseen
             why = "; ".join(load_reading(p) for p in st.load_peaks if p.metric == "device") or "no device meter"
-            if first is not None and first - t0 <= ready:
-                why = f"first reading at {fmt_s(first - t0)} s, at readiness; " + why
+            if first_at is not None and first_at - t0 <= ready:
+                why = f"first reading at {fmt_s(first_at - t0)} s, at readiness; " + why
             notes.append(f"no device reading while loading (start {st.attempt}) — {why}")
         if st.failure is not None and st.ready_s is None:
             for ax in (dev, host):
@@ -491,7 +503,7 @@ def _held_bars(ax: Axes, held: Sequence[tuple[str, HeldMemory]], div: float, lo:
                 va="bottom", fontsize=7)
 
 
-def soak_figure(card: str, soaks: dict[str, Sequence[SoakRequest]], capacity_bytes: float,
+def soak_figure(card: str, soaks: Mapping[str, Sequence[SoakRequest]], capacity_bytes: float,
                 styles: dict[str, FlagStyle], planned: int) -> Figure | None:
     """A card's soak over its requests: the level after each request, each request's peak and its latency, one
     line per soaked flag set (its style as on every plot), the capacity drawn on both memory panels. A failure is

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Column
 
 from runner.core.records import DiagnosisRecord, SoakRequest, Status, StepRecord
@@ -105,7 +105,7 @@ class ProgressView(Events):
                                  self.bar, MofNCompleteColumn(), TimeElapsedColumn(),
                                  TextColumn("{task.fields[memory]}", table_column=self.memory_column),
                                  console=self.console, disable=not enabled)
-        self.tasks: dict[str, int] = {}
+        self.tasks: dict[str, TaskID] = {}
         self.shared: dict[str, bool] = {}  # card → its lane holds several cards (then labels name the card)
         self.loading: dict[str, bool] = {}
         self.soaks: dict[str, int] = {}  # card → the requests its soak running now plans

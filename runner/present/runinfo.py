@@ -15,7 +15,7 @@ from runner import __version__
 from runner.core.secrets import mask_text
 from runner.plan import inputs
 from runner.plan.lanes import Plan
-from runner.plan.matrix import Matrix
+from runner.plan.matrix import Card, FlagSet, Matrix, ServerProfile
 from runner.run.store import RunStore
 
 
@@ -34,8 +34,9 @@ def package_versions() -> dict[str, str]:
 
 def all_env(matrix: Matrix) -> list[tuple[str, str]]:
     """Every env entry of the matrix (servers, cards, flag sets): what mask_text must look for."""
-    return [kv for h in (*matrix.servers.values(), *matrix.cards.values(), *matrix.flags.values())
-            for kv in h.env.items()]
+    holders: list[ServerProfile | Card | FlagSet] = [*matrix.servers.values(), *matrix.cards.values(),
+                                                     *matrix.flags.values()]
+    return [kv for h in holders for kv in h.env.items()]
 
 
 def run_doc(matrix: Matrix, plan: Plan, run_id: str, started: float) -> dict[str, Any]:
@@ -76,7 +77,7 @@ def card_facts(cards: dict[str, Any], store: RunStore) -> dict[str, Any]:
 
 
 def _slurm_fact(key: str, attempt: int, info: dict[str, Any]) -> dict[str, Any]:
-    gpu = info.get("gpu") if isinstance(info.get("gpu"), dict) else {}
+    gpu = info["gpu"] if isinstance(info.get("gpu"), dict) else {}
     return {"session": key, "attempt": attempt, "job_id": info["slurm_job_id"], "step_id": info.get("slurm_step_id"),
             "node": info.get("slurm_node"), "cuda_visible_devices": info.get("cuda_visible_devices"),
             "queue_wait_s": info.get("queue_wait_s"), "gpu_uuid": gpu.get("uuid"), "gpu_name": gpu.get("name")}

@@ -17,9 +17,10 @@ import torch
 from PIL import Image
 from torch import Tensor, nn
 
-from runner.refserver.config import ServerConfig
+from runner.refserver.config import Preset, ServerConfig
 from runner.refserver.memory import AccountedMemory, DeviceMemory, format_size, make_device_memory
 from runner.refserver.model import (
+    Block,
     RefServerDiT,
     init_unit,
     module_bytes,
@@ -118,7 +119,7 @@ class CondSource:
         yield from cond_stream(self.e, c, c_handle, self.pf, self.kv_bytes)
 
     def begin_step(self) -> None: ...
-    def layer(self, layer: int, block: nn.Module) -> tuple[list[Tensor], list[Tensor]]:
+    def layer(self, layer: int, block: Block) -> tuple[list[Tensor], list[Tensor]]:
         """The condition's K and V of a layer, in pieces the latent's attention joins with its own."""
         raise NotImplementedError
     def end_layer(self, layer: int) -> None: ...
@@ -130,7 +131,7 @@ def cond_stream(e: Engine, c: Tensor, c_handle: int, pf: Tensor, kv_bytes: int
                 ) -> Iterator[tuple[int, Tensor, Tensor]]:
     """Runs conditioning tokens `c` (their ledger handle `c_handle`, freed at the end) through every block,
     yielding each layer's (ledger handle of its K/V, K, V)."""
-    for layer, block in enumerate(e.model.blocks):
+    for layer, block in enumerate(e.model.block_list()):
         with e.resident(layer):
             with e.mem.labelled():
                 kv = e.mem.alloc(kv_bytes, "cond k/v")
@@ -155,7 +156,7 @@ class DeviceCache(CondSource):
             engine.mem.kv_label = ""
         engine.cache_bytes["device"] += self.kv_bytes * len(self.kv)
 
-    def layer(self, layer: int, block: nn.Module) -> tuple[list[Tensor], list[Tensor]]:
+    def layer(self, layer: int, block: Block) -> tuple[list[Tensor], list[Tensor]]:
         k, v = self.kv[layer]
         return [k], [v]
 
@@ -198,7 +199,7 @@ class RetainedCache(DeviceCache):
         e.retained.put(key, entry)
         return entry
 
-    def layer(self, layer: int, block: nn.Module) -> tuple[list[Tensor], list[Tensor]]:
+    def layer(self, layer: int, block: Block) -> tuple[list[Tensor], list[Tensor]]:
         k, v = self.kv[layer]
         return [k, *(r.kv[layer][0] for r in self.references)], [v, *(r.kv[layer][1] for r in self.references)]
 
@@ -250,7 +251,7 @@ class HostCache(CondSource):
         v.record_stream(main)
         self.staged[layer] = (k, v, handle, event)
 
-    def layer(self, layer: int, block: nn.Module) -> tuple[list[Tensor], list[Tensor]]:
+    def layer(self, layer: int, block: Block) -> tuple[list[Tensor], list[Tensor]]:
         self._fetch(layer)
         self._fetch(layer + 1)  # prefetch while this layer computes
         k, v, _, event = self.staged[layer]
@@ -324,7 +325,7 @@ class NoCache(CondSource):
         self.c, self.c_handle = self.embed()
         self.kv_handle: int | None = None
 
-    def layer(self, layer: int, block: nn.Module) -> tuple[list[Tensor], list[Tensor]]:
+    def layer(self, layer: int, block: Block) -> tuple[list[Tensor], list[Tensor]]:
         self.kv_handle = self.e.mem.alloc(self.kv_bytes, "cond k/v")
         self.c, k, v = block.cond_forward(self.c, self.pf, self.e.mem, self.e.nb, self.e.chunk)
         return [k], [v]
@@ -362,6 +363,8 @@ class Leaked:
 
 class Engine:
     def __init__(self, config: ServerConfig) -> None:
+        if not isinstance(config.preset, Preset):  # a QwenPreset belongs to --arch qwen-image (QwenEngine)
+            raise TypeError(f"the dit engine needs a DiT preset, not a {type(config.preset).__name__}")
         self.config = config
         self.p = config.preset
         self.device = torch.device(config.device)
@@ -537,7 +540,7 @@ class Engine:
             pf = m.latent_positions(th, tw, self.device)
             temb = m.embed_time(t, self.device)
             cond.begin_step()
-            for layer, block in enumerate(m.blocks):
+            for layer, block in enumerate(m.block_list()):
                 with self.resident(layer):
                     ks, vs = cond.layer(layer, block)
                     x = block.latent_forward(x, pf, temb, ks, vs, self.mem, self.nb)

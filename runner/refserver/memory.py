@@ -241,7 +241,7 @@ class CudaMemory(DeviceMemory):
         self.total = torch.cuda.get_device_properties(device).total_memory
         self.whole_device = whole_device and capacity is not None
         self.non_pytorch = 0  # device memory in use outside PyTorch's allocator (CUDA context, cuBLAS, ...)
-        self.capacity = capacity if capacity is not None else self.total
+        self.capacity: int = capacity if capacity is not None else self.total  # always a figure on a card
         self._lifetime = 0
         if capacity is not None:
             # A real cap on PyTorch's caching allocator; fit_to_device() shrinks it by what the CUDA

@@ -182,6 +182,15 @@ class RefServerDiT(nn.Module):
         self.dec_conv = nn.Conv2d(p.latent_channels, 16, 3, padding=1)
         self.dec_rgb = nn.Conv2d(16, 3, 1)
 
+    def block_list(self) -> list[Block]:
+        """`blocks` as the Blocks they are (an nn.ModuleList's items are typed nn.Module)."""
+        out = []
+        for b in self.blocks:
+            if not isinstance(b, Block):
+                raise TypeError(f"blocks holds a {type(b).__name__}, not a Block")
+            out.append(b)
+        return out
+
     # --- inputs ---------------------------------------------------------------------------------
     def embed_text(self, ids: Tensor) -> Tensor:
         x = self.text_embed(ids)[None]

@@ -151,7 +151,8 @@ class Profiler:
         import torch
 
         if self.device.type == "cuda" and self.config.with_memory:
-            torch._C._cuda_attach_out_of_memory_observer(self._on_cuda_oom)
+            # private (what torch.cuda.memory._record_memory_history's OOM snapshot uses): torch's stubs omit it
+            torch._C._cuda_attach_out_of_memory_observer(self._on_cuda_oom)  # type: ignore[attr-defined]
 
     def _on_cuda_oom(self, device: int, alloc: int, device_alloc: int, device_free: int) -> None:
         import torch

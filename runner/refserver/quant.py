@@ -12,6 +12,10 @@ class Int8Linear(nn.Module):
     """W8A8: int8 weight storage with a per-output-channel scale, activations rounded per token to int8
     levels on the fly (dynamic quantization); both dequantized for the matmul."""
 
+    qweight: Tensor  # the registered buffers, typed (nn.Module's __getattr__ is Tensor | Module)
+    scale: Tensor
+    bias: Tensor | None
+
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         w = linear.weight.detach().float()
@@ -31,6 +35,10 @@ class Float8Linear(nn.Module):
     """Weight-only fp8: float8 e4m3 weight storage with a per-output-channel scale (1 byte per weight, as
     vLLM-Omni's `--quantization fp8` stores a diffusion transformer's linear weights), dequantized to the
     compute dtype for the matmul."""
+
+    qweight: Tensor  # the registered buffers, typed (nn.Module's __getattr__ is Tensor | Module)
+    scale: Tensor
+    bias: Tensor | None
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()

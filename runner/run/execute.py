@@ -53,8 +53,8 @@ from runner.run.events import Events
 from runner.run.interrupts import Abandoned
 from runner.run.pauses import PauseWatch
 from runner.run.pending import Pending, pending
-from runner.run.sending import Sender, Sends, repeat_label
-from runner.run.step_records import Served, max_by_source, skipped, step_record, topped_up, with_response_peak
+from runner.run.sending import Sender, repeat_label
+from runner.run.step_records import Sends, Served, max_by_source, skipped, step_record, topped_up, with_response_peak
 from runner.run.store import RunStore
 
 MEMORY_FLUSH_S = 10.0  # a running start's memory samples reach memory.csv at least this often
@@ -158,7 +158,7 @@ class Baselines:
         b = matrix.baseline
         self.samples = baseline.load_samples(b.directory) if b and b.directory else []
 
-    def image(self, step: Step) -> tuple[str | None, Image.Image | None]:
+    def image(self, step: Step | StepRecord) -> tuple[str | None, Image.Image | None]:
         """The directory baseline for a step now; a cell baseline is scored after the run (rescore)."""
         sample = baseline.find(self.samples, step.fixture, step.references, step.seed)
         if sample is None:

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from runner.core.registry import BACKENDS, METERS, load
+from runner.core.registry import BACKENDS, METERS, Target, load
 from runner.core.units import clip
 from runner.observe import quote
 from runner.plan.matrix import Matrix
@@ -32,7 +32,9 @@ class Endpoint:
     what: str  # "docker host", "sidecar", "dcgm-exporter", "Prometheus"
     address: str  # as the matrix (or DOCKER_HOST) names it
     probe_url: str  # what is asked: the address itself, or an HTTP URL under it
-    probe: str | None = None  # "module:function"(url, timeout_s) of the backend that owns it; None: an HTTP GET
+    # "module:function"(url, timeout_s) of the backend that owns it (or the function: a registry entry made at run
+    # time may name the object itself); None: an HTTP GET
+    probe: Target | None = None
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ def unreachable(matrix: Matrix, cards: Iterable[str], timeout_s: float = TIMEOUT
     return [Unreachable(e, cause) for e in found if (cause := causes[(e.probe, e.probe_url)]) is not None]
 
 
-def probe(how: str | None, url: str, timeout_s: float) -> str | None:
+def probe(how: Target | None, url: str, timeout_s: float) -> str | None:
     """None when the place answers; else the cause, one inert line. `how`: the owning backend's probe, or
     None for an HTTP GET."""
     try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from operator import attrgetter
 
 from runner.core.records import Failure, FailureClass, OomReport, Peak, SessionRecord, Status, StepRecord
@@ -72,7 +72,7 @@ def load_peak(session: SessionRecord | None) -> int | None:
     return found[0] if found else None
 
 
-def deciding_oom(steps: list[StepRecord], session: SessionRecord | None, target: int) -> OomFacts | None:
+def deciding_oom(steps: Sequence[StepRecord], session: SessionRecord | None, target: int) -> OomFacts | None:
     """The OOM that decided a flag set, by the verdict's rule: an OOM at load, else the OOM a skip at the
     target names (implied_by), else the first OOM at or below the target."""
     if session is not None and (f := session.start_failure) is not None:
@@ -108,9 +108,9 @@ def fit(points: list[tuple[int, int]]) -> tuple[float, float, float]:
 def capacity(o: OomReport | None, source: str | None, card_bytes: int | None) -> tuple[int | None, str | None]:
     if o is not None:
         if o.allowed_bytes is not None:
-            if source in WHOLE_DEVICE and None not in (o.in_use_bytes, o.allocated_bytes,
-                                                      o.reserved_unallocated_bytes):
-                outside = max(o.in_use_bytes - o.allocated_bytes - o.reserved_unallocated_bytes, 0)
+            in_use, allocated, unallocated = o.in_use_bytes, o.allocated_bytes, o.reserved_unallocated_bytes
+            if source in WHOLE_DEVICE and in_use is not None and allocated is not None and unallocated is not None:
+                outside = max(in_use - allocated - unallocated, 0)
                 return o.allowed_bytes + outside, "oom-allowed"
             return o.allowed_bytes, "oom-allowed"
         if o.capacity_bytes is not None:
@@ -118,7 +118,7 @@ def capacity(o: OomReport | None, source: str | None, card_bytes: int | None) ->
     return (card_bytes, "card") if card_bytes else (None, None)
 
 
-def memory_model(steps: list[StepRecord], session: SessionRecord | None, target: int,
+def memory_model(steps: Sequence[StepRecord], session: SessionRecord | None, target: int,
                  card_bytes: int | None) -> MemoryModel:
     """The model of one flag set's records on one card (steps of that flag set only)."""
     oom = deciding_oom(steps, session, target)
@@ -156,7 +156,7 @@ def memory_model(steps: list[StepRecord], session: SessionRecord | None, target:
                        worst_residual_bytes=worst, no_line=no_line)
 
 
-def _oom_report(steps: list[StepRecord], session: SessionRecord | None, oom: OomFacts | None) -> OomReport | None:
+def _oom_report(steps: Sequence[StepRecord], session: SessionRecord | None, oom: OomFacts | None) -> OomReport | None:
     if oom is None:
         return None
     if session is not None and oom.record == session.key and session.start_failure is not None:

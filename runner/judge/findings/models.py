@@ -10,6 +10,8 @@ from pydantic import Field
 
 from runner.core.records import Record
 
+AlsoKind = Literal["per-reference", "until-next-request", "per-request"]  # a retention reading the levels also fit
+
 
 class CountPeak(Record):
     references: int = Field(ge=0)
@@ -182,7 +184,7 @@ class Retention(Record):
     residual_bytes: int | None = Field(default=None, description="the line's worst residual")
     fills_card_at: int | None = Field(default=None, description="distinct references (or requests) at which what "
                                                                 "is kept alone would fill the card's capacity")
-    also: dict[Literal["per-reference", "until-next-request", "per-request"], int] = Field(
+    also: dict[AlsoKind, int] = Field(
         default_factory=dict, description="readings the levels fit as well as `kind`, each with its bytes per "
                                           "reference or request (every request brought one new reference; every "
                                           "request carried all references before it): the retention probe tells "

@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from typing import TYPE_CHECKING
 
 import torch
 from PIL import Image
@@ -50,6 +51,9 @@ from runner.refserver.qwen_image.model import (
     unpack,
 )
 from runner.refserver.retain import Retained, RetainedConditions, reference_key
+
+if TYPE_CHECKING:
+    from diffusers.models.transformers.transformer_qwenimage import QwenImageTransformer2DModel
 
 log = logging.getLogger("refserver")
 
@@ -160,7 +164,7 @@ class QwenEngine:
         self.host_pinned_bytes = self.weights_pinned_bytes
         return model
 
-    def _offload_blocks(self, model: nn.Module) -> None:
+    def _offload_blocks(self, model: QwenImageTransformer2DModel) -> None:
         if self.device.type == "cuda":
             from diffusers.hooks import apply_group_offloading
 

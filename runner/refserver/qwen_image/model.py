@@ -12,6 +12,7 @@ their own, and the memory this server emulates is the transformer's.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -23,15 +24,19 @@ from runner.refserver.config import QwenPreset
 from runner.refserver.model import tokenize
 from runner.refserver.quant import QUANTIZED
 
+if TYPE_CHECKING:
+    from diffusers.models.transformers.transformer_qwenimage import QwenImageTransformer2DModel
+
 LATENT_CHANNELS = 16  # Qwen-Image's VAE
 VAE_FACTOR = 8
 PATCH = 2  # latent cells per token side: 16 channels x 2 x 2 = the transformer's 64 input channels
 
 
-def build_transformer(preset: QwenPreset, seed: int, dtype: torch.dtype) -> nn.Module:
+def build_transformer(preset: QwenPreset, seed: int, dtype: torch.dtype) -> QwenImageTransformer2DModel:
     """diffusers' model, built where the caller's device context says, in `dtype`, its weights drawn from
     PyTorch's generator seeded with `seed` (diffusers' own initializers)."""
-    from diffusers import QwenImageTransformer2DModel
+    # From its module: for a type checker diffusers' top-level name is the stand-in it exports without torch
+    from diffusers.models.transformers.transformer_qwenimage import QwenImageTransformer2DModel
 
     torch.manual_seed(seed)
     previous = torch.get_default_dtype()
@@ -42,7 +47,7 @@ def build_transformer(preset: QwenPreset, seed: int, dtype: torch.dtype) -> nn.M
         torch.set_default_dtype(previous)
 
 
-def quantize_blocks(model: nn.Module, method: str) -> None:
+def quantize_blocks(model: QwenImageTransformer2DModel, method: str) -> None:
     """Every nn.Linear inside the transformer blocks becomes our int8/fp8 linear (the embedders and the output
     head stay in the compute dtype, as vLLM-Omni's quantized DiT keeps them)."""
     for block in model.transformer_blocks:

@@ -169,7 +169,10 @@ def _project(attn: Any, x: Tensor, text: bool) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _rope(t: Tensor, freqs: Tensor) -> Tensor:
-    return apply_rotary_emb_qwen(t, freqs, use_real=False) if t.shape[1] else t  # no tokens (no references)
+    if not t.shape[1]:
+        return t  # no tokens (no references)
+    # diffusers 0.42 annotates the return as a (cos, sin) pair; with use_real=False it is the one rotated tensor
+    return apply_rotary_emb_qwen(t, freqs, use_real=False)  # type: ignore[return-value]
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -183,7 +186,10 @@ class PrefixAttnProcessor:
 
     def __init__(self, layer: int) -> None:
         self.layer = layer
-        self.joint = QwenDoubleStreamAttnProcessor2_0()
+        # diffusers 0.42 annotates the processor as returning one FloatTensor (it returns the (image, text) pair)
+        # and its optional arguments as `FloatTensor = None`: typed here as what it takes and returns
+        self.joint: Callable[..., tuple[Tensor, Tensor]]
+        self.joint = QwenDoubleStreamAttnProcessor2_0()  # type: ignore[assignment]
 
     def __call__(self, attn: Any, hidden_states: Tensor, encoder_hidden_states: Tensor,
                  encoder_hidden_states_mask: Tensor | None = None, attention_mask: Tensor | None = None,
