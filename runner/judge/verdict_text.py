@@ -79,8 +79,9 @@ def reason(d: Decision, roles: dict[str, str], rules: VerdictRules) -> str:
     return "; ".join(parts)
 
 
-def stop_words(b: Blocked) -> str:
-    """A flag set's stop in a few words — the same on the console and in the report."""
+def stop_words(b: Blocked, brief: bool = False) -> str:
+    """A flag set's stop in a few words — the same on the console and in the report. `brief` keeps a served
+    latency to its ratio ("latency 0.97×"): the summary's form when the full words would not fit."""
     n = b.references
     oom = "host-memory OOM" if b.memory == "host" else "OOM"  # the kernel's OOM killer: not the card's memory
     return {
@@ -95,7 +96,8 @@ def stop_words(b: Blocked) -> str:
         "skipped": f"skipped at {refs_text(n)}",
         "absent": (f"{b.detail}; " if b.detail else "") + f"{refs_text(n)} not in the run",
         "served": f"serves {refs_text(n)}",
-        "measured": f"serves {refs_text(n)}, latency {b.detail}",
+        "measured": f"serves {refs_text(n)}, latency "
+                    + (str(b.detail).split(" ", 1)[0] if brief else str(b.detail)),
         "unmetered": f"serves {refs_text(n)}, no device-memory figure",
     }.get(b.cause, b.stop.value)
 
@@ -121,10 +123,14 @@ def summary(v: Verdict) -> str:
         head.append("cannot tell — " + "; ".join(
             f"{b.flags} {stop_words(b)}" + (f" [{b.record}]" if b.record else "")
             + (f": {clip(without_stamp(b.server_says[0]), 160)}" if b.server_says else "") for b in unknown))
-    head += [f"{b.flags} {stop_words(b)}" for b in v.stops if b not in unknown]
-    if not head:  # a verdict without typed stops (hand-built, or of an earlier runner)
+    others = [b for b in v.stops if b not in unknown]
+    if not head and not others:  # a verdict without typed stops (hand-built, or of an earlier runner)
         return clip(v.reason, SUMMARY_LIMIT)
-    return clip("; ".join(head), SUMMARY_LIMIT)
+    full = "; ".join(head + [f"{b.flags} {stop_words(b)}" for b in others])
+    if len(full) <= SUMMARY_LIMIT:
+        return full
+    # too long to read at a glance: every flag set still named, the others' figures kept to their ratio
+    return clip("; ".join(head + [f"{b.flags} {stop_words(b, brief=True)}" for b in others]), SUMMARY_LIMIT)
 
 
 def _headroom(v: Verdict) -> str | None:

@@ -140,3 +140,19 @@ def test_the_report_of_an_800x_slower_top_up_is_written(tmp_path) -> None:  # ty
     assert_readable(report)
     assert "not yet bounded" in report and "OverflowError" not in report
     json.dumps([v.to_json() for v in verdicts], allow_nan=False)
+
+
+def test_a_card_of_many_measured_flag_sets_still_names_each_one_within_the_glance() -> None:
+    # CI on fbcd495: cpu-roomy's six flag sets ran past 300 characters ("…; fp8-collapse …"): the table's
+    # "why" must name every flag set, so the others' latencies shrink to their ratio before anything is cut.
+    offloads = [f"host-{i}" for i in range(5)]
+    steps = [step("default", "default", n, seed=sd, wall=w, samples=(w,)) for n in (1, 2)
+             for sd, w in ((1, 0.2), (2, 0.25))]
+    steps += [step(f, "offload", n, seed=sd, wall=w, samples=(w,)) for f in offloads for n in (1, 2)
+              for sd, w in ((1, 0.3), (2, 0.9))]
+    v = decide("c", steps, [session("default", "default"), *(session(f, "offload") for f in offloads)], AUTO)
+    full = "; ".join(f"{b.flags} {verdict_text.stop_words(b)}" for b in v.stops)
+    assert len(full) > verdict_text.SUMMARY_LIMIT  # the case this guards: the full words would not fit
+    text = verdict_text.summary(v)
+    assert len(text) <= verdict_text.SUMMARY_LIMIT and "…" not in text, text
+    assert all(f"{f} serves 2 refs, latency " in text for f in offloads), text

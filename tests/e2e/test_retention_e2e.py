@@ -8,6 +8,7 @@ one that brought a new one."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from runner.refserver import engine
 from runner.refserver.config import PRESETS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,6 +88,13 @@ def findings(run_dir: Path) -> dict:
     return verdict["findings"]["flag_sets"]
 
 
+def kv_line() -> int:
+    """The line of cond_stream that allocates a layer's conditioning K/V (read from the source: an edit above it
+    must not break this test, a site that moved off it must)."""
+    lines, first = inspect.getsourcelines(engine.cond_stream)
+    return first + next(i for i, text in enumerate(lines) if '"cond k/v"' in text)
+
+
 def test_retain_keeps_r_per_distinct_reference_at_its_own_line(run: Path) -> None:
     r = findings(run)["retain"]
     assert r["retention"]["kind"] == "per-reference" and r["retention"]["bound"] == "exact", r["retention"]
@@ -97,7 +106,7 @@ def test_retain_keeps_r_per_distinct_reference_at_its_own_line(run: Path) -> Non
     # the kept pass: what its 4-reference request left live (the warm-up before the profiler sent another picture)
     assert r["retention"]["kept_bytes"] == pytest.approx(4 * R, rel=0.1), r["retention"]
     top = r["retention"]["kept_sites"][0]  # the line that made the K/V retain keeps
-    assert (top["site"], top["function"]) == ("runner/refserver/engine.py:136", "cond_stream"), top
+    assert (top["site"], top["function"]) == (f"runner/refserver/engine.py:{kv_line()}", "cond_stream"), top
     report = (run / "report.md").read_text()
     assert f"'retain': keeps {R / 2**20:.2f} MiB per distinct reference sent" in report
 

@@ -48,13 +48,19 @@ def test_every_record_of_a_fresh_local_run_validates(local_example: ExampleRun) 
     steps = sorted(run.glob("*/*/refs-*/*.json"))
     sessions = sorted(run.glob("*/*/session.json"))
     diagnoses = sorted(run.glob("*/*/diagnosis*.json"))  # the diagnosis passes of the device OOMs (issue 27)
-    by_schema = {p: result for p in (*steps, *sessions, *diagnoses, run / "run.json")}
+    soaks = sorted(run.glob("*/*/soak/soak.json"))  # the example's soak: cpu-roomy's default and retain
+    by_schema = {p: result for p in (*steps, *sessions, *diagnoses, *soaks, run / "run.json")}
     by_schema[run / "verdict.json"] = verdict
     by_schema[run / "profiles.json"] = findings
-    assert len(steps) == 107 and len(sessions) == 16 and len(diagnoses) >= 1
+    assert len(steps) == 107 and len(sessions) == 16 and len(diagnoses) >= 1 and len(soaks) == 2
     assert set(run.rglob("*.json")) == set(by_schema)  # no JSON file of the run is left unchecked
     for path, check in by_schema.items():
         assert not (found := problems(check, json.loads(path.read_text()))), f"{path.relative_to(run)}: {found}"
+    lines = [(p, n, line) for p in sorted(run.glob("*/*/soak/requests.jsonl"))
+             for n, line in enumerate(p.read_text().splitlines(), 1)]
+    assert len(lines) == 2 * 12  # each soak's requests, a line each
+    for path, n, line in lines:
+        assert not (found := problems(result, json.loads(line))), f"{path.relative_to(run)}:{n}: {found}"
     doc = json.loads((run / "verdict.json").read_text())
     for v in doc["verdicts"]:
         assert v["findings"] is not None and not problems(findings, v["findings"]), v["card"]
@@ -82,6 +88,8 @@ def test_the_schemas_refuse_a_corrupted_record(local_example: ExampleRun) -> Non
     run_doc = json.loads((run / "run.json").read_text())
     verdict_doc = json.loads((run / "verdict.json").read_text())
     profiles = json.loads((run / "profiles.json").read_text())
+    soak = json.loads(next(run.glob("*/*/soak/soak.json")).read_text())
+    soak_request = json.loads(next(run.glob("*/*/soak/requests.jsonl")).read_text().splitlines()[0])
     bad = [
         (result, _corrupted(ok, ("references",), "two")),
         (result, _corrupted(ok, ("scores",), None)),  # ok without scores
@@ -90,6 +98,8 @@ def test_the_schemas_refuse_a_corrupted_record(local_example: ExampleRun) -> Non
         (result, _corrupted(session, ("starts", 0, "attempt"), "0")),
         (result, _corrupted(run_doc, ("schema_version",), 0)),
         (result, {**ok, "unknown": 1}),
+        (result, _corrupted(soak, ("requests",), "twelve")),
+        (result, _corrupted(soak_request, ("number",), "1")),
         (verdict, _corrupted(verdict_doc, ("verdicts", 0, "world"), "fits")),
         (findings, _corrupted(profiles, ("cards", 0, "counts"), "none")),
     ]
