@@ -397,6 +397,9 @@ class DiagnosisRecord(Record):
                                      "'profiler failed' (no request was sent under the profiler), 'failed' (the "
                                      "pass itself failed: why_none names how)")
     snapshot: str | None = Field(default=None, description="the snapshot, relative to the run folder")
+    before: str | None = Field(default=None, description="kept: a snapshot taken just before the request, nothing "
+                                                         "sent under the profiler (a copy, relative to the run "
+                                                         "folder): a block live in both is not the request's")
     why_none: str | None = Field(default=None, description="why there is no snapshot (one line)")
     log: str | None = None
     trace: str | None = Field(default=None, description="the profiler's Chrome trace, relative to the run folder, "

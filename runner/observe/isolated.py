@@ -23,7 +23,8 @@ from typing import Any
 MAX_MEMORY = 2 * 2**30  # the child's address space: ~2.5x the real snapshot's need
 DEADLINE_S = 60.0  # the real snapshot reads in ~3 s
 MAX_ANSWER = 64 * 2**20  # the child's JSON (bounded by the readers: sites and texts are capped)
-READERS = {"snapshot": "runner.observe.snapshot:read_json", "trace": "runner.observe.trace:read_json"}
+READERS = {"snapshot": "runner.observe.snapshot:read_json", "live": "runner.observe.snapshot:live_json",
+           "trace": "runner.observe.trace:read_json"}
 _ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding the runner package
 
 

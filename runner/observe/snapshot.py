@@ -287,13 +287,16 @@ def _time(e: Mapping[str, Any]) -> int:
 
 
 def _live_from_segments(walk: _Walk, segments: list[dict[str, Any]], trace_allocs: Mapping[int, tuple[int, str]],
-                        began_us: int | None, traced: bool, covers_start: bool, pre: bool | None) -> list[_Block]:
+                        began_us: int | None, traced: bool, covers_start: bool, pre: bool | None,
+                        before: frozenset[tuple[int, int]] | None = None) -> list[_Block]:
     out = []
     for addr, b in _seg_blocks(segments):
         if b.get("state") != "active_allocated":
             continue
         alloc = trace_allocs.get(addr)  # (time_us, user_metadata) of this address's last alloc in the trace
-        if not traced:
+        if before is not None:  # live in the snapshot before the request, at the same address and size
+            resident: bool | None = (addr, _figure(b.get("size"), "block size")) in before
+        elif not traced:
             resident = None
         elif alloc is None:
             resident = pre  # allocated before the trace's first event
@@ -354,11 +357,20 @@ def _shown(text: str, secrets: tuple[str, ...], limit: int) -> str:
     return quote.console(quote.server_text(text, secrets, limit))
 
 
+def live(snap: Mapping[str, Any]) -> list[tuple[int, int]]:
+    """The (address, size) of every block allocated at the snapshot: what a later snapshot is told apart from."""
+    return [(addr, _figure(b.get("size"), "block size")) for addr, b in _seg_blocks(_segments(snap))
+            if b.get("state") == "active_allocated"]
+
+
 def read(snap: Mapping[str, Any], request_began_us: int | None = None,
-         own: tuple[str, ...] = SERVER_PACKAGES, secrets: Iterable[str] = (), at_end: bool = False) -> Held:
+         own: tuple[str, ...] = SERVER_PACKAGES, secrets: Iterable[str] = (), at_end: bool = False,
+         before: Iterable[tuple[int, int]] | None = None) -> Held:
     """What held the memory at the snapshot's OOM (or at the trace's high point, when its trace holds no OOM;
     `at_end`: at the snapshot itself, what outlived the request). `secrets`: the values the runner resolved into
-    the server's environment, masked in every text kept."""
+    the server's environment, masked in every text kept. `before` (with `at_end`): the live blocks of a snapshot
+    taken just before the request (`live`); a block live in both is resident, any other the request's — exact
+    however long the trace, which a history that wrapped is not."""
     walk = _Walk(secrets, own)
     segments = _segments(snap)
     events = _events(snap)
@@ -377,7 +389,8 @@ def read(snap: Mapping[str, Any], request_began_us: int | None = None,
                     and all(a in trace_allocs for a in live_addrs))
     # A trace of HISTORY_ENTRIES events has wrapped: its first events were overwritten, so a live block without
     # its alloc event was made before the trace's first event, which may be after the request began.
-    full = len(events) >= HISTORY_ENTRIES
+    told = frozenset(before) if at_end and before is not None and oom_at is None else None
+    full = len(events) >= HISTORY_ENTRIES and told is None  # a snapshot before the request tells it all the same
     pre = None if full and (request_began_us is None or _time(events[0]) >= request_began_us) else True
     if pre is None:
         notes.append(f"the allocator's history is full ({len(events):,} events, the servers' max_entries): its "
@@ -394,8 +407,10 @@ def read(snap: Mapping[str, Any], request_began_us: int | None = None,
         blocks = _replay(walk, marked, peak_at + 1, segments, request_began_us, covers_start, pre)
         inactive = None
     elif oom_at is None or oom_at == len(events) - 1:
-        exact = "segments at the oom" if oom_at is not None else "segments"
-        blocks = _live_from_segments(walk, segments, trace_allocs, request_began_us, traced, covers_start, pre)
+        exact = ("segments at the oom" if oom_at is not None else
+                 "segments" if told is None else "segments against a snapshot before the request")
+        blocks = _live_from_segments(walk, segments, trace_allocs, request_began_us, traced, covers_start, pre,
+                                     told)
     else:
         exact = "trace replayed to the oom"
         blocks = _replay(walk, events, oom_at, segments, request_began_us, covers_start, pre)
@@ -408,9 +423,9 @@ def read(snap: Mapping[str, Any], request_began_us: int | None = None,
     if blocks and not frames:
         notes.append(NO_FRAMES + " (the allocator's history was off): no sites")
     split_known = all(b.resident is not None for b in blocks)
-    if not traced:
+    if not traced and told is None:
         notes.append("no allocator trace: resident and request bytes cannot be told apart")
-    elif not split_known:
+    elif not split_known and told is None:
         notes.append("the history covers the whole process and the server did not mark the request's start: "
                      "resident and request bytes cannot be told apart")
     by: dict[tuple[str, str | None, str, str | None], list[int]] = {}
@@ -450,11 +465,12 @@ def read(snap: Mapping[str, Any], request_began_us: int | None = None,
 
 
 def read_bytes(data: bytes, request_began_us: int | None = None, own: tuple[str, ...] = SERVER_PACKAGES,
-               secrets: Iterable[str] = (), at_end: bool = False) -> Held:
+               secrets: Iterable[str] = (), at_end: bool = False,
+               before: Iterable[tuple[int, int]] | None = None) -> Held:
     """load + read, for a snapshot file's bytes (SnapshotError: one line why not, whatever went wrong)."""
     snap = load(data)
     try:
-        return read(snap, request_began_us, own, secrets, at_end)
+        return read(snap, request_began_us, own, secrets, at_end, before)
     except (SnapshotError, MemoryError):
         raise
     except Exception as exc:  # plain data of a shape no snapshot has, however it failed: one line, never a traceback
@@ -473,6 +489,19 @@ def from_json(doc: Mapping[str, Any]) -> Held:
 
 
 def read_json(data: bytes, request_began_us: int | None = None, own: Sequence[str] = SERVER_PACKAGES,
-              secrets: Sequence[str] = (), at_end: bool = False) -> dict[str, Any]:
+              secrets: Sequence[str] = (), at_end: bool = False,
+              before: Sequence[Sequence[int]] | None = None) -> dict[str, Any]:
     """read_bytes for the isolated reader (runner.observe.isolated): bytes in, JSON out."""
-    return to_json(read_bytes(data, request_began_us, tuple(own), tuple(secrets), at_end))
+    told = None if before is None else [(int(a), int(n)) for a, n in before]
+    return to_json(read_bytes(data, request_began_us, tuple(own), tuple(secrets), at_end, told))
+
+
+def live_json(data: bytes) -> list[list[int]]:
+    """`live` of a snapshot file's bytes, for the isolated reader (SnapshotError: one line why not)."""
+    snap = load(data)
+    try:
+        return [[a, n] for a, n in live(snap)]
+    except (SnapshotError, MemoryError):
+        raise
+    except Exception as exc:
+        raise SnapshotError(f"not an allocator snapshot: {type(exc).__name__}") from None

@@ -182,6 +182,7 @@ def run_target(session_runner: SessionRunner, target: Target) -> DiagnosisRecord
     server = backends.create(plan, attempt)
     ctx.live.add(server)
     start_s = request_s = None
+    stale: tuple[Path, int] | None = None  # the snapshot before the request, where it could not be removed
     outcome = "served"
     why: str | None = None
     try:
@@ -206,8 +207,11 @@ def run_target(session_runner: SessionRunner, target: Target) -> DiagnosisRecord
                         warm = (r._request(target.step, (unseen_reference(),)) if target.at == "kept"
                                 else r._request(target.step))
                         r.sender(client, server).send(warm)
+                    if target.at == "kept":  # what was live before the request: see _before
+                        why, stale = _before(client, server.base_url, prof, folder, ctx.store.root, server.secrets,
+                                             ctx.stop)
                     t1 = time.time()
-                    why = _control(client, server.base_url, prof.start_path, ctx.stop)
+                    why = why or _control(client, server.base_url, prof.start_path, ctx.stop)
                     if why is not None:  # nothing was sent under the profiler: no outcome of the request
                         outcome = "profiler failed"
                     else:
@@ -225,9 +229,12 @@ def run_target(session_runner: SessionRunner, target: Target) -> DiagnosisRecord
     log = (folder / "server.log").relative_to(ctx.store.root).as_posix()
     kept = dict(start_s=None if start_s is None else round(start_s, 3), request_s=request_s, outcome=outcome, log=log)
     root, secrets = ctx.store.root, server.secrets
-    found, refused = taken(_written(folder / "profile", prof.pattern), root, secrets)
+    found, refused = taken([(p, st) for p, st in _written(folder / "profile", prof.pattern)
+                            if (p, st.st_mtime_ns) != stale], root, secrets)
+    before = folder / BEFORE
     if found:
-        return done(**kept, snapshot=found)
+        return done(**kept, snapshot=found,
+                    before=before.relative_to(root).as_posix() if before.is_file() else None)
     traced: dict[str, object] = {}
     if why is None and refused is not None:
         why = f"no allocator snapshot: {refused}"
@@ -255,6 +262,38 @@ def run_target(session_runner: SessionRunner, target: Target) -> DiagnosisRecord
     elif not why.startswith("no allocator snapshot"):
         why = f"no allocator snapshot: {why}"
     return done(**kept, why_none=quote.console(quote.server_text(why, secrets, 2000)), **traced)
+
+
+BEFORE = "before/memory_snapshot.pickle"  # a kept pass's snapshot with nothing sent under the profiler
+
+
+def _before(client: httpx.Client, base: str, prof: dialects.Profiler, folder: Path, root: Path,
+            secrets: Iterable[str], stop: threading.Event) -> tuple[str | None, tuple[Path, int] | None]:
+    """A kept pass's snapshot with nothing sent under the profiler (start, then stop): the blocks live before
+    the request. A block live in it and after the request is not the request's, however long the request's
+    trace — a 1024² request wraps the servers' 100,000-event history, and a block whose alloc was overwritten
+    could be either (the H200 kept passes, docs/evidence/h200-retention). Copied aside at once: the server may
+    write the request's snapshot under the same name within the same second. (why the profiler failed, in a line,
+    or None; the original with its mtime where it could not be removed — a container's root-owned file — so
+    that it is never taken for the request's.)"""
+    why = _control(client, base, prof.start_path, stop) or _control(client, base, prof.stop_path, stop)
+    if why is not None:
+        return why, None
+    found, _ = taken(_written(folder / "profile", prof.pattern), root, secrets)
+    if found is None:
+        return None, None  # no snapshot before: the request's is read as it would be without one
+    try:
+        data = server_file.read(root, found, snapshot.MAX_FILE_BYTES)
+        mtime = os.lstat(root / found).st_mtime_ns
+    except (ValueError, OSError):
+        return None, None
+    (folder / BEFORE).parent.mkdir(parents=True, exist_ok=True)
+    (folder / BEFORE).write_bytes(data)
+    try:
+        os.unlink(root / found)
+    except OSError:
+        return None, (root / found, mtime)
+    return None, None
 
 
 def failed(session: Session, target: Target, started_at: float, exc: BaseException) -> DiagnosisRecord:
@@ -295,9 +334,12 @@ def readings(store: RunStore, own: Mapping[str, tuple[str, ...]] | None = None, 
                 # is the request's own (began at 0); at a load OOM everything live was the load's. A kept pass
                 # reads what is live at the snapshot (after the request), not at the request's high point.
                 began = LOAD_BEGAN_US if d.references is None and d.at == "oom" else 0
+                # A kept pass's snapshot before the request: what was live then is not the request's
+                before = (isolated.read("live", server_file.read(store.root, d.before, snapshot.MAX_FILE_BYTES),
+                                        {}, snapshot.SnapshotError) if d.before is not None else None)
                 held = snapshot.from_json(isolated.read("snapshot", data, {
                     "request_began_us": began, "own": list((own or {}).get(d.card, SERVER_PACKAGES)),
-                    "secrets": list(masked), "at_end": d.at == "kept"}, snapshot.SnapshotError))
+                    "secrets": list(masked), "at_end": d.at == "kept", "before": before}, snapshot.SnapshotError))
             except ValueError as exc:  # NotRead, SnapshotError: our one line
                 why = f"allocator snapshot {d.snapshot} not read: {exc}"
             except Exception as exc:  # anything else: named, and the report goes on

@@ -105,6 +105,9 @@ def test_retain_keeps_r_per_distinct_reference_at_its_own_line(run: Path) -> Non
     assert r["speed"]["pairs"] == 3 and r["speed"]["cold_s"] > 0 and r["speed"]["cached_s"] > 0, r["speed"]
     # the kept pass: what its 4-reference request left live (the warm-up before the profiler sent another picture)
     assert r["retention"]["kept_bytes"] == pytest.approx(4 * R, rel=0.1), r["retention"]
+    # told apart from a snapshot taken just before the request (its copy kept beside the pass)
+    (kept,) = [json.loads(p.read_text()) for p in (run / "c" / "retain").glob("diagnosis*.json")]
+    assert kept["at"] == "kept" and kept["before"] and (run / kept["before"]).is_file(), kept
     top = r["retention"]["kept_sites"][0]  # the line that made the K/V retain keeps
     assert (top["site"], top["function"]) == (f"runner/refserver/engine.py:{kv_line()}", "cond_stream"), top
     report = (run / "report.md").read_text()

@@ -247,3 +247,34 @@ def test_a_model_package_outside_site_packages_is_named_from_its_package() -> No
     named = S.read(snap, 0, own=("runner", "diffusers"))
     assert [s.site for s in named.by_site] == ["diffusers/models/activations.py:88"]
     assert [s.site for s in S.read(snap, 0).by_site] == ["/tmp/h200-site/diffusers/models/activations.py:88"]
+
+
+def test_a_snapshot_before_the_request_tells_what_it_kept_however_long_the_trace() -> None:
+    """The H200 kept passes (docs/evidence/h200-retention): a 1024² request wrapped the 100,000-event history, so
+    the retained K/V, made at the request's start, had lost its alloc. A snapshot taken just before the request
+    (nothing sent under the profiler) holds the load's blocks: a block live in both is resident, any other kept
+    by the request, at its own frames — the same answer as a trace that had not wrapped."""
+    act, kv = [_frame(OWN, 88, "forward")], [_frame(OWN, 137, "cond_stream")]
+    events = [{"action": "alloc" if i % 2 == 0 else "free_completed", "addr": 9000, "size": 10, "time_us": 10 + i,
+               "frames": act} for i in range(S.HISTORY_ENTRIES)]
+    weights, reused = _block(0, 1000), _block(5000, 500)  # reused: freed and made again at another size
+    before = {"segments": [{"address": 0, "total_size": 9000, "blocks": [weights, _block(1000, 4000, "inactive"),
+                                                                          _block(5000, 700)]}]}
+    after = {"segments": [{"address": 0, "total_size": 9000,
+                           "blocks": [weights, _block(1000, 4000, frames=kv), reused]}], "device_traces": [events]}
+    h = S.read(after, request_began_us=0, at_end=True, before=S.live(before))
+    assert not h.history_full and h.exact == "segments against a snapshot before the request"
+    assert (h.resident_bytes, h.request_bytes) == (1000, 4500)
+    assert [(s.site, s.function, s.bytes) for s in h.by_site if s.phase == "request"] == [
+        ("/srv/app/engine.py:137", "cond_stream", 4000), (S.NO_FRAMES, None, 500)]
+    assert not any("history" in n or "cannot be told" in n for n in h.notes), h.notes
+    # without it the same snapshot cannot say which is which
+    assert S.read(after, request_began_us=0, at_end=True).request_bytes is None
+    # through the bounded child, as the runner reads both files
+    import pickle
+
+    from runner.observe import isolated
+    told = isolated.read("live", pickle.dumps(before), {}, S.SnapshotError)
+    doc = isolated.read("snapshot", pickle.dumps(after), {"request_began_us": 0, "at_end": True, "before": told},
+                        S.SnapshotError)
+    assert S.from_json(doc).request_bytes == 4500
