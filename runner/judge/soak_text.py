@@ -63,6 +63,12 @@ def _memory(f: SoakFindings) -> list[str]:
         out.append(text + ".")
     elif f.served:
         out.append("No device source read a request's peak.")
+    if f.above_cells:
+        out.append("In service a request peaked above its matrix cell (same source): " + "; ".join(
+            f"{refs_text(a.references)} {size(a.peak_bytes)} at request {a.number} against "
+            f"{size(a.cell_peak_bytes)} (+{size(a.peak_bytes - a.cell_peak_bytes)}"
+            + (f"; the level before it {size(a.level_before_bytes)}, what earlier requests left)"
+               if a.level_before_bytes is not None else ")") for a in f.above_cells) + ".")
     return out
 
 

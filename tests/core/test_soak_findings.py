@@ -11,7 +11,7 @@ from scipy import stats
 from soak_records import MIB, oom, request, series, soak_record
 
 from runner.judge.findings.models import CardProfile, CountProfile, Drift, ProfileEntry
-from runner.judge.findings.soak import drift, failure_words, flag_soak, outcome_words, profiled_flags
+from runner.judge.findings.soak import ABOVE_TOLERANCE, drift, failure_words, flag_soak, outcome_words, profiled_flags
 
 Point = tuple[tuple[int, int], int, float]
 
@@ -207,3 +207,26 @@ def test_a_flag_set_is_soak_able_where_profiles_json_lists_it_at_every_count_the
     assert profiled_flags(p, (1,)) == ("host-cache", "default", "cpu-offload")
     assert profiled_flags(p, (3, 4)) == ()  # nothing serves 4 references
     assert "slow" not in profiled_flags(p, (1,))  # served but too slow: not listed, not soaked
+
+
+def test_a_request_that_peaks_above_its_matrix_cell_in_service_is_named_with_the_level_it_started_from() -> None:
+    """The real vLLM-Omni 0.30.0 (docs/evidence/stand-soak): it keeps the last request's references until the next
+    one, so in service a 1-reference request after a 4-reference one peaks 36.75 MiB above the matrix's 1-reference
+    cell. Modelled: each request peaks at its own work plus what the request before it left (R per reference)."""
+    work, kept = 150 * MIB, 12 * MIB
+    counts = (1, 2, 3, 4)
+    reqs = series(range(1, 13), counts=counts, floor=lambda n, refs, a: kept * refs,
+                  peak=lambda n, refs, a: work + 25 * MIB * refs + (kept * 4 if refs == 1 and n > 1 else
+                                                                     kept * (refs - 1)))
+    # the matrix's cells: each count after the same count (two seeds), the first 1-ref request on a fresh start
+    cells = {("server", n): work + 25 * MIB * n + kept * (n - 1) for n in counts}
+    f = flag_soak(soak_record(requests=12, stopped="requests", references=counts), reqs, None, cells)
+    (above,) = f.above_cells
+    assert (above.references, above.number) == (1, 5)  # the first 1-ref request after a 4-ref one
+    assert above.peak_bytes - above.cell_peak_bytes == 4 * kept and above.level_before_bytes == 4 * kept
+    # within the tolerance, or from another source, nothing is named
+    near = {k: v + 4 * kept - ABOVE_TOLERANCE[0] for k, v in cells.items()}
+    assert not flag_soak(soak_record(requests=12, stopped="requests", references=counts), reqs, None, near).above_cells
+    other = {("nvml", n): v for (_, n), v in cells.items()}
+    assert not flag_soak(soak_record(requests=12, stopped="requests", references=counts), reqs, None,
+                         other).above_cells

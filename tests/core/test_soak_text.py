@@ -101,3 +101,14 @@ def test_the_cards_section_says_what_the_soak_mixed_and_each_flag_sets_lines() -
     assert section[2].startswith("- **default** (named in \\[soak\\] flags): interrupted after 4 of 12 requests")
     none = soak_lines(card_soak(soak, {}, None, "profiles.json lists no flag set for this card at every count"))
     assert none[-1] == "No flag set was soaked: profiles.json lists no flag set for this card at every count."
+
+
+def test_a_request_above_its_matrix_cell_is_said_with_its_figures_and_the_level_it_started_from() -> None:
+    reqs = series(range(1, 9), counts=(1, 4), floor=lambda n, refs, a: 12 * MIB * refs,
+                  peak=lambda n, refs, a: (150 + 25 * refs) * MIB + (48 * MIB if refs == 1 and n > 1 else 0))
+    cells = {("server", 1): 175 * MIB, ("server", 4): 250 * MIB}
+    f = flag_soak(soak_record(requests=8, stopped="requests", references=(1, 4)), reqs, None, cells)
+    (above,) = [line for line in flag_soak_lines("default", f) if line.startswith("In service")]
+    # request 3 is the first 1-ref one after a 4-ref one (the level before it 48 MiB); 3, 5, 7 tie: the first named
+    assert above == ("In service a request peaked above its matrix cell (same source): 1 ref 223.00 MiB at request 3 "
+                     "against 175.00 MiB (+48.00 MiB; the level before it 48.00 MiB, what earlier requests left).")

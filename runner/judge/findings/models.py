@@ -286,6 +286,17 @@ class SoakFailure(Record):
                                   "before it) minus the level after the first request of the same server start")
 
 
+class AboveCell(Record):
+    """A reference count whose request, in service, peaked above the matrix cell's own peak (same source)."""
+
+    references: int = Field(ge=0)
+    number: int = Field(ge=1, description="the soak request with the highest such peak")
+    peak_bytes: int = Field(ge=0, description="that request's peak")
+    cell_peak_bytes: int = Field(ge=0, description="the matrix cell's highest peak at this count, same source")
+    level_before_bytes: int | None = Field(default=None, description="the level after the request before it, same "
+                                                                     "server start: what earlier requests left")
+
+
 class SoakFindings(Record):
     """One soaked flag set in service (runner/judge/findings/soak.py), from its soak records."""
 
@@ -310,6 +321,10 @@ class SoakFindings(Record):
     peak_drift: Drift | None = Field(default=None, description="bytes per request a request's peak grows")
     to_capacity: int | None = Field(default=None, ge=0, description="at the peak drift, requests after the last "
                                                                     "until a peak would reach the capacity")
+    above_cells: tuple[AboveCell, ...] = Field(
+        default=(), description="the reference counts whose in-service peak passed the matrix cell's by more than "
+                                "ABOVE_TOLERANCE (runner/judge/findings/soak.py): a profile measured on a fresh "
+                                "server is not what a server in service needs")
     latency_p50_s: float | None = None
     latency_p95_s: float | None = None
     latency_max_s: float | None = None

@@ -17,15 +17,18 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from runner.core.records import FailureClass, SoakRecord, SoakRequest, Status
+from runner.core.records import FailureClass, SoakRecord, SoakRequest, Status, StepRecord
 from runner.judge.decision import Verdict
-from runner.judge.findings.models import CardProfile, CardSoak, Drift, SoakFailure, SoakFindings
+from runner.judge.findings.models import AboveCell, CardProfile, CardSoak, Drift, SoakFailure, SoakFindings
 from runner.judge.verdict_text import size
 from runner.observe.failures import server_lines, without_stamp
 from runner.plan.matrix import Soak
 from runner.plan.sequential import quantile
 
 CONFIDENCE = 0.95
+# An in-service peak above the matrix cell's by more than this (the larger of 1 MiB and 1 % of the cell's) is
+# named: less is a figure's own noise between two starts of one server.
+ABOVE_TOLERANCE = (2**20, 0.01)
 
 
 def drift(points: Sequence[tuple[tuple[int, int], int, float]]) -> Drift | None:
@@ -116,8 +119,37 @@ def _in_service(served: Sequence[SoakRequest]) -> set[int]:
     return out
 
 
-def flag_soak(record: SoakRecord, requests: Sequence[SoakRequest], capacity_bytes: int | None) -> SoakFindings:
-    """One soaked flag set's findings from its soak.json and its request records (in request order)."""
+def above_cells(served: Sequence[SoakRequest], source: str | None, floor_source: str | None,
+                cell_peaks: Mapping[tuple[str, int], int]) -> tuple[AboveCell, ...]:
+    """Per reference count, the in-service request whose peak passed the matrix cell's (`cell_peaks`: by
+    (source, references), the cell's highest) by more than ABOVE_TOLERANCE, with the level it started from: a
+    request after others can carry what they left (vLLM-Omni 0.30.0 keeps the last request's references until
+    the next one: in service its 1-reference request peaks above the matrix's, whose 1-reference cell ran first)."""
+    if source is None:
+        return ()
+    before = {}
+    prev: SoakRequest | None = None
+    for r in served:
+        if prev is not None and prev.attempt == r.attempt and prev.number == r.number - 1 and floor_source:
+            before[r.number] = _floor(prev, floor_source)
+        prev = r
+    out = []
+    for n in sorted({r.references for r in served}):
+        cell = cell_peaks.get((source, n))
+        peaks = [(b, r) for r in served if r.references == n and (b := _peak(r, source)) is not None]
+        if cell is None or not peaks:
+            continue
+        top, r = max(peaks, key=lambda x: (x[0], -x[1].number))
+        if top - cell > max(ABOVE_TOLERANCE[0], ABOVE_TOLERANCE[1] * cell):
+            out.append(AboveCell(references=n, number=r.number, peak_bytes=top, cell_peak_bytes=cell,
+                                 level_before_bytes=before.get(r.number)))
+    return tuple(out)
+
+
+def flag_soak(record: SoakRecord, requests: Sequence[SoakRequest], capacity_bytes: int | None,
+              cell_peaks: Mapping[tuple[str, int], int] | None = None) -> SoakFindings:
+    """One soaked flag set's findings from its soak.json and its request records (in request order);
+    `cell_peaks`: its matrix cells' highest peak by (source, references)."""
     served = [r for r in requests if r.status == Status.OK]
     floor = _source([(r.floor_after.source, r.floor_after.bound) for r in served
                      if r.floor_after is not None and r.floor_after.available])
@@ -143,6 +175,7 @@ def flag_soak(record: SoakRecord, requests: Sequence[SoakRequest], capacity_byte
         first_floor_bytes=floors[0][1] if floors else None, last_floor_bytes=floors[-1][1] if floors else None,
         floor_drift=floor_drift, peak_source=peak[0] if peak else None, highest_peak_bytes=highest,
         peak_drift=peak_drift, to_capacity=to_capacity,
+        above_cells=above_cells(served, peak[0] if peak else None, floor[0] if floor else None, cell_peaks or {}),
         latency_p50_s=round(statistics.median(walls), 4) if walls else None,
         latency_p95_s=round(_percentile(walls, 95), 4) if walls else None,
         latency_max_s=round(walls[-1], 4) if walls else None,
@@ -150,11 +183,28 @@ def flag_soak(record: SoakRecord, requests: Sequence[SoakRequest], capacity_byte
         capacity_bytes=capacity_bytes, why=record.why)
 
 
+def cell_peaks(steps: list[StepRecord]) -> dict[str, dict[tuple[str, int], int]]:
+    """By flag set, each served cell's highest device peak by (source, references): what the soak's are held
+    against."""
+    out: dict[str, dict[tuple[str, int], int]] = {}
+    for s in steps:
+        if s.status != Status.OK:
+            continue
+        for p in s.peaks:
+            if p.available and p.bytes is not None and p.metric == "device":
+                cell = out.setdefault(s.flags, {})
+                cell[(p.source, s.references)] = max(cell.get((p.source, s.references), 0), p.bytes)
+    return out
+
+
 def card_soak(soak: Soak, soaked: Mapping[str, tuple[SoakRecord, Sequence[SoakRequest]]],
-              capacity_bytes: int | None, not_soaked: str | None = None) -> CardSoak:
-    """A card's soak from its soaked flag sets' records (by flag set, in the order to show them)."""
+              capacity_bytes: int | None, not_soaked: str | None = None,
+              cell_peaks: Mapping[str, Mapping[tuple[str, int], int]] | None = None) -> CardSoak:
+    """A card's soak from its soaked flag sets' records (by flag set, in the order to show them); `cell_peaks`:
+    by flag set, its matrix cells' highest peak by (source, references)."""
     return CardSoak(requests=soak.requests, minutes=soak.minutes, references=soak.counts, order=soak.order,
-                    flag_sets={f: flag_soak(rec, reqs, capacity_bytes) for f, (rec, reqs) in soaked.items()},
+                    flag_sets={f: flag_soak(rec, reqs, capacity_bytes, (cell_peaks or {}).get(f))
+                               for f, (rec, reqs) in soaked.items()},
                     not_soaked=None if soaked else not_soaked)
 
 
