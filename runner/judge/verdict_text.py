@@ -403,15 +403,19 @@ def retention_sentence(flags: str, r: Retention | None, speed: CachedSpeed | Non
         parts.append(f"what stays live after its {refs_text(r.kept_references)} request is not known by site: "
                      f"{md(clip(r.kept_why, 300))}")
     if speed is not None and speed.pairs and speed.ratio is not None:
-        figures = f"cold {fmt_s(speed.cold_s)} s, cached {fmt_s(speed.cached_s)} s, {speed.pairs} reference count(s)"
+        # the ratio is the median of the per-count ratios, not the ratio of the two medians beside it: say which
+        over = (f"the median over {speed.pairs} reference count(s); medians cold {fmt_s(speed.cold_s)} s, cached "
+                f"{fmt_s(speed.cached_s)} s")
         if speed.faster:
-            parts.append(f"a request whose references were all sent before runs {speed.ratio:.2f}× faster ({figures})")
+            parts.append(f"a request whose references were all sent before runs {speed.ratio:.2f}× faster (cold / "
+                         f"cached, {over})")
         elif speed.slower:
-            parts.append(f"a request whose references were all sent before runs slower ({figures})")
+            parts.append(f"a request whose references were all sent before runs slower (cold / cached "
+                         f"{speed.ratio:.2f}, {over})")
         else:
             reuse = ": nothing is reused across requests" if r is not None and r.kind == "freed" else ""
-            parts.append(f"a request whose references were all sent before is no faster ({figures}, "
-                         f"ratio {speed.ratio:.2f}){reuse}")
+            parts.append(f"a request whose references were all sent before is no faster (cold / cached "
+                         f"{speed.ratio:.2f}, {over}){reuse}")
     return f"'{md(flags)}': " + "; ".join(parts) + "."
 
 

@@ -59,7 +59,8 @@ def test_a_cross_request_cache_is_read_per_distinct_reference_and_faster_cached(
     assert speed is not None and speed.faster and speed.ratio == pytest.approx(1.9, rel=0.1), speed
     line = retention_sentence("retain", r, speed)
     assert line is not None and "keeps 700.02 MiB per distinct reference sent" in line
-    assert "runs 1.90× faster" in line and "would fill the card at 34 distinct references" in line
+    assert "runs 1.90× faster (cold / cached, the median over 3 reference count(s); medians cold " in line
+    assert "would fill the card at 34 distinct references" in line
 
 
 def test_a_leak_is_read_per_request_whatever_it_carries() -> None:
@@ -72,6 +73,9 @@ def test_a_leak_is_read_per_request_whatever_it_carries() -> None:
     line = retention_sentence("leaky", r, speed)
     assert line is not None and "keeps 48.00 MiB per request sent, whatever it carries" in line
     assert "nothing is reused" not in line  # said only where everything is freed
+    # the ratio said is the median of the per-count ratios; the two medians beside it are named as medians
+    assert f"is no faster (cold / cached {speed.ratio:.2f}, the median over {speed.pairs} reference count(s); " \
+           f"medians cold " in line
 
 
 def test_a_server_that_frees_everything_says_so_and_no_faster() -> None:
