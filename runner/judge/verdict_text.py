@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from runner.core.units import clip, fmt_bytes, fmt_s, refs_text
 from runner.judge.decision import fmt_ratio
+from runner.judge.findings.models import MIN_PAIRS
 from runner.observe import quote
 from runner.observe.failures import without_stamp
 
@@ -406,7 +407,10 @@ def retention_sentence(flags: str, r: Retention | None, speed: CachedSpeed | Non
         # the ratio is the median of the per-count ratios, not the ratio of the two medians beside it: say which
         over = (f"the median over {speed.pairs} reference count(s); medians cold {fmt_s(speed.cold_s)} s, cached "
                 f"{fmt_s(speed.cached_s)} s")
-        if speed.faster:
+        if speed.pairs < MIN_PAIRS:
+            parts.append(f"whether a request whose references were all sent before is faster is not told by one "
+                         f"reference count (cold {fmt_s(speed.cold_s)} s, cached {fmt_s(speed.cached_s)} s)")
+        elif speed.faster:
             parts.append(f"a request whose references were all sent before runs {speed.ratio:.2f}× faster (cold / "
                          f"cached, {over})")
         elif speed.slower:

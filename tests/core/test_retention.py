@@ -207,3 +207,16 @@ def test_a_flag_set_whose_level_grew_gets_a_kept_pass_and_its_snapshot_names_wha
     assert "2.73 GiB at <code>diffusers/cache.py:88</code> in <code>store</code>" in line
     nothing = with_kept(retention(steps, None), [Reading("c/f", "kept", 4, None, None, "no allocator snapshot: x")])
     assert nothing is not None and nothing.kept_why == "no allocator snapshot: x"
+
+
+def test_one_reference_count_does_not_tell_whether_cached_is_faster() -> None:
+    """examples/local.toml's fp8-collapse and int8 served 1 ref only past the warm-up: one cold send against its
+    cached ones said "runs 1.22× faster" on a CPU's noise. One pair decides nothing, either way."""
+    steps = session(lambda d, s, n: 0, lambda n, cached: 1.0 / (1.5 if cached else 1.0), sends=2,
+                    order=[(1, 1), (2, 1), (2, 2)])
+    speed = cached_speed(steps)
+    assert speed is not None and speed.pairs == 1 and speed.ratio == pytest.approx(1.5), speed
+    assert not speed.faster and not speed.slower
+    line = retention_sentence("f", retention(steps, capacity_bytes=None), speed)
+    assert line is not None and "faster is not told by one reference count (cold 1.00 s, cached 0.67 s)" in line, line
+    assert "runs 1.50× faster" not in line and "no faster" not in line

@@ -201,6 +201,9 @@ class Retention(Record):
     why: str | None = None
 
 
+MIN_PAIRS = 2  # one count's single cold send against its cached ones is one draw of the noise: it decides nothing
+
+
 class CachedSpeed(Record):
     """A request whose references were all sent before against the one that first brought one, per count."""
 
@@ -208,8 +211,10 @@ class CachedSpeed(Record):
     cold_s: float | None = Field(default=None, description="median of the cold requests' first sends")
     cached_s: float | None = Field(default=None, description="median over counts of the later sends' median")
     ratio: float | None = Field(default=None, description="median over counts of cold / cached")
-    faster: bool = Field(default=False, description="cached faster in every pair by at least 15 %")
-    slower: bool = Field(default=False, description="cached slower in every pair by at least 15 %")
+    faster: bool = Field(default=False, description="cached faster in every pair by at least 15 %, over at least "
+                                                    "MIN_PAIRS (2) pairs")
+    slower: bool = Field(default=False, description="cached slower in every pair by at least 15 %, over at least "
+                                                    "MIN_PAIRS (2) pairs")
     why: str | None = None
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from runner.core.records import Level, RetentionProbe, Status, StepRecord
 from runner.judge.findings.held import Reading
-from runner.judge.findings.models import CachedSpeed, HeldSite, Retention
+from runner.judge.findings.models import MIN_PAIRS, CachedSpeed, HeldSite, Retention
 
 KEEPS = ("per-reference", "until-next-request", "per-request")  # kinds where something stays after a request
 KIND = {"distinct": "per-reference", "sent": "per-request"}  # each line's x and the reading it stands for
@@ -251,8 +251,8 @@ def cached_speed(steps: Sequence[StepRecord]) -> CachedSpeed | None:
     return CachedSpeed(pairs=len(pairs), cold_s=round(statistics.median(c for c, _ in pairs), 4),
                        cached_s=round(statistics.median(w for _, w in pairs), 4),
                        ratio=None if ratio is None else round(ratio, 3),
-                       faster=bool(ratios) and min(ratios) >= FASTER,
-                       slower=bool(ratios) and max(ratios) <= 1 / FASTER)
+                       faster=len(ratios) >= MIN_PAIRS and min(ratios) >= FASTER,
+                       slower=len(ratios) >= MIN_PAIRS and max(ratios) <= 1 / FASTER)
 
 
 KEPT_SITES = 5
