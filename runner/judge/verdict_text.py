@@ -405,11 +405,11 @@ def retention_sentence(flags: str, r: Retention | None, speed: CachedSpeed | Non
                      f"{md(clip(r.kept_why, 300))}")
     if speed is not None and speed.pairs and speed.ratio is not None:
         # the ratio is the median of the per-count ratios, not the ratio of the two medians beside it: say which
-        over = (f"the median over {speed.pairs} reference count(s); medians cold {fmt_s(speed.cold_s)} s, cached "
-                f"{fmt_s(speed.cached_s)} s")
+        medians = f"cold {fmt_s(speed.cold_s)} s, cached {fmt_s(speed.cached_s)} s"
+        over = f"the median over {speed.pairs} reference count(s); medians {medians}"
         if speed.pairs < MIN_PAIRS:
             parts.append(f"whether a request whose references were all sent before is faster is not told by one "
-                         f"reference count (cold {fmt_s(speed.cold_s)} s, cached {fmt_s(speed.cached_s)} s)")
+                         f"reference count ({medians})")
         elif speed.faster:
             parts.append(f"a request whose references were all sent before runs {speed.ratio:.2f}× faster (cold / "
                          f"cached, {over})")

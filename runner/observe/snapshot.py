@@ -44,14 +44,15 @@ import dataclasses
 import gzip
 import io
 import pickle
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from runner.observe import quote
 from runner.observe.reading import MAX_BYTES
 from runner.observe.traceback import FRAMEWORKS, SERVER_PACKAGES, STDLIB, package_path
 
+T = TypeVar("T")
 # The file, and its bytes once gunzipped. The real 34-layer Qwen-Image snapshot: 1.9 MB gzipped, 140 MB as a
 # pickle; torch's _dump_snapshot writes it uncompressed.
 MAX_FILE_BYTES = 256 * 2**20
@@ -468,9 +469,14 @@ def read_bytes(data: bytes, request_began_us: int | None = None, own: tuple[str,
                secrets: Iterable[str] = (), at_end: bool = False,
                before: Iterable[tuple[int, int]] | None = None) -> Held:
     """load + read, for a snapshot file's bytes (SnapshotError: one line why not, whatever went wrong)."""
+    return _walked(data, lambda snap: read(snap, request_began_us, own, secrets, at_end, before))
+
+
+def _walked(data: bytes, walk: Callable[[dict[str, Any]], T]) -> T:
+    """`walk` of the loaded snapshot; SnapshotError with one line whatever went wrong in it."""
     snap = load(data)
     try:
-        return read(snap, request_began_us, own, secrets, at_end, before)
+        return walk(snap)
     except (SnapshotError, MemoryError):
         raise
     except Exception as exc:  # plain data of a shape no snapshot has, however it failed: one line, never a traceback
@@ -498,10 +504,4 @@ def read_json(data: bytes, request_began_us: int | None = None, own: Sequence[st
 
 def live_json(data: bytes) -> list[list[int]]:
     """`live` of a snapshot file's bytes, for the isolated reader (SnapshotError: one line why not)."""
-    snap = load(data)
-    try:
-        return [[a, n] for a, n in live(snap)]
-    except (SnapshotError, MemoryError):
-        raise
-    except Exception as exc:
-        raise SnapshotError(f"not an allocator snapshot: {type(exc).__name__}") from None
+    return _walked(data, lambda snap: [[a, n] for a, n in live(snap)])

@@ -78,9 +78,8 @@ def card_soaks(matrix: Matrix, store: RunStore, verdicts: list[Verdict]) -> dict
             record = store.load_soak(f"{v.card}/{flags}")
             if record is not None:
                 soaked[flags] = (record, store.load_soak_requests(record.key))
-        none = None if soaked else chosen(matrix, store, v.card, [s for s in steps if s.card == v.card])[1]
+        mine = [s for s in steps if s.card == v.card]
+        none = None if soaked else chosen(matrix, store, v.card, mine)[1]
         out[v.card] = soak_findings.card_soak(matrix.soak, soaked, round(matrix.cards[v.card].vram_gib * GIB)
-                                              if v.card in matrix.cards else None, none,
-                                              soak_findings.cell_peaks([s for s in steps if s.card == v.card]))
+                                              if v.card in matrix.cards else None, none, soak_findings.cell_peaks(mine))
     return out
-
