@@ -19,7 +19,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHEELS=.whl/h200
-PKGS=(fastapi starlette pydantic pydantic-core annotated-types typing-inspection typing-extensions uvicorn h11
+# Not typing-extensions: the device's anyio needs its own newer one (`sentinel`, 2026-12-06)
+PKGS=(fastapi starlette pydantic pydantic-core annotated-types typing-inspection uvicorn h11
       click python-multipart opentelemetry-api importlib-metadata zipp docker requests urllib3 jsonschema
       jsonschema-specifications referencing rpds-py attrs
       diffusers safetensors regex filelock)  # --arch qwen-image (the device's own huggingface_hub, kept for its transformers)
