@@ -19,4 +19,5 @@ fi
 .venv/bin/mypy                                # all of runner/, strict on the pure core ([tool.mypy] in pyproject.toml)
 # In parallel (pytest-xdist): much of the suite waits on servers, timers and daemons, so two workers per core;
 # `loadgroup` keeps the tests that share one costly or exclusive thing on one worker (tests/conftest.py).
-.venv/bin/python -m pytest -q -n "$(( 2 * $(nproc) ))" --dist loadgroup --durations=15   # the 15 slowest tests
+# RUNNER_TEST_WORKERS overrides the count (docs/benchmarks.md compares them).
+.venv/bin/python -m pytest -q -n "${RUNNER_TEST_WORKERS:-$(( 2 * $(nproc) ))}" --dist loadgroup --durations=15   # the 15 slowest tests
