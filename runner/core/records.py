@@ -373,6 +373,9 @@ class SessionRecord(Record):
         return last.failure if last and last.ready_s is None else None
 
 
+NOT_RUN = "not run"  # a diagnosis pass that started no server (why_none says why)
+
+
 class DiagnosisRecord(Record):
     """<card>/<flags>/diagnosis.json: the diagnosis pass of a flag set decided by a device OOM — one more start
     with the allocator history on and the deciding request sent once more, its allocator snapshot collected.
@@ -395,7 +398,8 @@ class DiagnosisRecord(Record):
     total_s: float = Field(ge=0, description="the whole pass: start, request, stop")
     outcome: str = Field(description="what the request did: 'oom', 'served', 'oom at load', or the failure; "
                                      "'profiler failed' (no request was sent under the profiler), 'failed' (the "
-                                     "pass itself failed: why_none names how)")
+                                     "pass itself failed: why_none names how), 'not run' (no server was started: "
+                                     "why_none says why)")
     snapshot: str | None = Field(default=None, description="the snapshot, relative to the run folder")
     before: str | None = Field(default=None, description="kept: a snapshot taken just before the request, nothing "
                                                          "sent under the profiler (a copy, relative to the run "

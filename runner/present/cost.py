@@ -20,7 +20,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from runner.core.records import DiagnosisRecord, SendTime, SessionRecord, SoakRecord, SoakRequest, Status, StepRecord
+from runner.core.records import (
+    NOT_RUN,
+    DiagnosisRecord,
+    SendTime,
+    SessionRecord,
+    SoakRecord,
+    SoakRequest,
+    Status,
+    StepRecord,
+)
 from runner.core.units import fmt_s, refs_text
 from runner.plan import soak as soak_plan
 from runner.plan.lanes import Plan
@@ -308,9 +317,12 @@ def diagnosis_lines(diagnoses: Sequence[DiagnosisRecord]) -> list[str]:
         start, request = ("–" if s is None else f"{fmt_s(s)} s" for s in (d.start_s, d.request_s))
         lines.append(f"| {d.key} | {d.at} ({refs_text(d.references)}) | {start} | {request} | {fmt_s(d.total_s)} s | "
                      f"{d.outcome} | {got} |")
-    total = sum(d.total_s for d in diagnoses)
-    lines += ["", f"{len(diagnoses)} diagnosis pass(es), {fmt_s(total)} s in all "
-              f"({fmt_s(total / len(diagnoses))} s per pass).", ""]
+    ran = [d for d in diagnoses if d.outcome != NOT_RUN]
+    total = sum(d.total_s for d in ran)
+    said = (f"{len(ran)} diagnosis pass(es), {fmt_s(total)} s in all ({fmt_s(total / len(ran))} s per pass)"
+            if ran else "No diagnosis pass was run")
+    skipped = len(diagnoses) - len(ran)
+    lines += ["", said + (f"; {skipped} not run (the table says why)." if skipped else "."), ""]
     return lines
 
 

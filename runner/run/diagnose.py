@@ -17,6 +17,7 @@ import fnmatch
 import functools
 import io
 import os
+import re
 import stat
 import threading
 import time
@@ -30,7 +31,7 @@ from PIL import Image
 
 from runner import backends
 from runner.backends.base import Attempt, StartFailed, StartInterrupted
-from runner.core.records import DiagnosisRecord, FailureClass, SessionRecord, Status, StepRecord
+from runner.core.records import NOT_RUN, DiagnosisRecord, FailureClass, SessionRecord, Status, StepRecord
 from runner.core.registry import BACKENDS, load
 from runner.core.units import fmt_bytes, slug
 from runner.judge.findings.held import Reading
@@ -136,6 +137,23 @@ def _trace_reading(root: Path, relative: str) -> tuple[trace.TraceMemory | None,
         return None, f"its trace {name} not read: {exc}"
 
 
+LOG_HEAD_BYTES = 256 * 1024  # a server's banner comes before its load; the log itself is the server's, untrusted
+
+
+def _endpoints_only(session_dir: Path, prof: dialects.Profiler) -> str | None:
+    """The line of the session's server log, bounded and made inert, that shows its profiler starts only through
+    its endpoints (Profiler.endpoints_only); None where the log has none or cannot be read."""
+    if prof.endpoints_only is None:
+        return None
+    try:
+        with open(session_dir / "server.log", "rb") as log:
+            head = log.read(LOG_HEAD_BYTES).decode("utf-8", "replace")
+    except OSError:
+        return None
+    found = re.search(prof.endpoints_only, head)
+    return None if found is None else quote.console(quote.server_text(found.group(0), (), 80))
+
+
 def _control(client: httpx.Client, base: str, path: str, stop: threading.Event) -> str | None:
     """POST a profiler endpoint; None when it answered 2xx, else why not (one line). Interruptible as a
     measured send is: Abandoned as soon as the run is stopped."""
@@ -170,11 +188,16 @@ def run_target(session_runner: SessionRunner, target: Target) -> DiagnosisRecord
     try:
         plan, seen_as = load(BACKENDS.get(plan.backend).profile_dir)(plan, folder / "profile")
     except ValueError as exc:
-        return done(outcome="not run", why_none=f"no allocator snapshot: {exc}")
+        return done(outcome=NOT_RUN, why_none=f"no allocator snapshot: {exc}")
     prof = dialects.profiler(r.profile.dialect, seen_as)
     if prof is None:
-        return done(outcome="not run", why_none="no allocator snapshot: this server cannot record one (its "
+        return done(outcome=NOT_RUN, why_none="no allocator snapshot: this server cannot record one (its "
                                                 "dialect has no profiler interface)")
+    said = _endpoints_only(ctx.store.session_dir(key), prof) if target.step is None else None
+    if said is not None:  # a restart would load the model again only to run out again, with nothing written
+        return done(outcome=NOT_RUN, why_none=f"no allocator snapshot: its log says \"{said}\": vLLM's profiler "
+                                                "starts only through its endpoints, and its port never opens at a "
+                                                "load OOM (no pass was started)")
     (folder / "profile").mkdir(exist_ok=True)
     plan = replace(plan, argv=(*plan.argv, *prof.args))
     attempt = Attempt(name=slug(f"runner-{ctx.run_id}-{session.card}-{session.flags}-diag-{name}").lower(),
@@ -196,7 +219,7 @@ def run_target(session_runner: SessionRunner, target: Target) -> DiagnosisRecord
             if target.step is not None or exc.failure.kind != FailureClass.OOM_AT_LOAD:
                 why = f"no allocator snapshot: the diagnosis start failed ({exc.failure.kind})"
         except Exception as exc:  # the backend itself failed
-            outcome, why = "not run", f"no allocator snapshot: the diagnosis start failed ({type(exc).__name__})"
+            outcome, why = NOT_RUN, f"no allocator snapshot: the diagnosis start failed ({type(exc).__name__})"
         else:
             if target.step is None:  # the deciding load OOM did not repeat
                 outcome, why = "loaded", "no allocator snapshot: the load did not run out of memory this time"

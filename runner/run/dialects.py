@@ -305,7 +305,9 @@ def served_model(table: str, sent: str, answer: tuple[str, ...] | str, route_che
 class Profiler:
     """How a server is asked for an allocator snapshot: its extra args, then POST start before the request and
     POST stop after it; it writes `<folder>/<timestamp>_<name>/<pattern>`, and a Chrome trace (`trace`) beside it
-    where it has one. `warm_first`: a request must have run before the profiler starts (see vllm_omni_profiler)."""
+    where it has one. `warm_first`: a request must have run before the profiler starts (see vllm_omni_profiler).
+    `endpoints_only`: a line of the server's log that shows it is one whose profiler starts only through its
+    endpoints, so a load OOM (the port never opens) cannot be recorded and no pass is started for one."""
 
     args: tuple[str, ...]
     start_path: str
@@ -313,6 +315,7 @@ class Profiler:
     pattern: str
     trace: str | None = None
     warm_first: bool = False
+    endpoints_only: str | None = None  # a regular expression
 
 
 def vllm_omni_profiler(folder: str) -> Profiler:
@@ -326,8 +329,11 @@ def vllm_omni_profiler(folder: str) -> Profiler:
     # busy loop; before that it starts the torch profiler on another thread than /stop_profile ends it on, and the
     # stop kills the server (a segfault in the profiler: measured on the real server, vLLM-Omni's
     # diffusion_engine.py collective_rpc). One request first puts both on the busy loop.
+    # endpoints_only: vLLM's own banner, logged before the load; the reference server, which records its load under
+    # the same config (runner/refserver/profiler.py), logs no such line
     return Profiler(("--profiler-config", json.dumps(config)), "/start_profile", "/stop_profile",
-                    "memory_snapshot_rank*.pickle", trace="trace_rank*.json*", warm_first=True)
+                    "memory_snapshot_rank*.pickle", trace="trace_rank*.json*", warm_first=True,
+                    endpoints_only=r"vLLM server version [\w.+-]{1,40}")
 
 
 def profiler(dialect: str, folder: str) -> Profiler | None:

@@ -104,3 +104,19 @@ def test_estimate_prices_each_session_and_cell_from_the_earlier_run() -> None:
     mean_send = (2 + 2.1 + 1 + 2.5 + 2.6 + 2 + 2.1) / 7
     assert abs(e.gpu_s - (5 + 2 * 2 * 2.05 + 8 + 2 * 2.05 + 6.5 + mean_send)) < 1e-6
     assert e.sends == 4 + 2 + 1
+
+
+def test_a_pass_that_started_nothing_is_not_counted_as_one() -> None:
+    """A load OOM of the real vLLM-Omni starts no pass (runner.run.diagnose): its row says why, the sum does not
+    count it as a pass of 0 s."""
+    from runner.core.records import NOT_RUN, DiagnosisRecord
+    from runner.present.cost import diagnosis_lines
+
+    ran = DiagnosisRecord(key="c/d", card="c", flags="d", at="oom", of="c/d/refs-3/f", references=3, started_at=0.0,
+                          start_s=20.0, request_s=2.0, total_s=30.0, outcome="oom")
+    skipped = ran.model_copy(update={"key": "t/d", "card": "t", "of": "t/d", "references": None, "start_s": None,
+                                     "request_s": None, "total_s": 0.0, "outcome": NOT_RUN, "why_none": "its log says"})
+    lines = diagnosis_lines([ran, skipped])
+    assert "| t/d | oom (load) | – | – | 0.00 s | not run | its log says |" in lines
+    assert "1 diagnosis pass(es), 30.00 s in all (30.00 s per pass); 1 not run (the table says why)." in lines
+    assert "No diagnosis pass was run; 1 not run (the table says why)." in diagnosis_lines([skipped])

@@ -63,6 +63,26 @@ def test_a_trace_instead_of_a_snapshot_is_read_as_one_is(tmp_path: Path) -> None
     assert done.why_none is not None and done.why_none.endswith("peak at 5.00 MiB allocated"), done.why_none
 
 
+def test_a_load_oom_of_a_server_whose_log_shows_vllm_starts_no_pass(tmp_path: Path) -> None:
+    """vLLM's profiler starts only through its endpoints and its port never opens at a load OOM: the pass would load
+    the model again to write nothing (a 38 s restart of the real vLLM-Omni on the CPU stand, minutes on a GPU). Its
+    banner in the session's log says so; a server whose log does not (the reference server records its load) is
+    started."""
+    runner, _ = session_runner(tmp_path, "trace")
+    at_load = Target("oom", runner.session.key, None)
+    log = runner.ctx.store.session_dir(runner.session.key) / "server.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("INFO 12-06 03:25:18 [api_utils.py:347] vLLM server version 0.30.0, serving model m\n"
+                   "torch.OutOfMemoryError: CUDA out of memory.\n")
+    done = run_target(runner, at_load)
+    assert done.outcome == "not run" and done.start_s is None, done
+    assert done.why_none is not None and 'its log says "vLLM server version 0.30.0"' in done.why_none, done
+    assert not (log.parent / "diagnosis" / "oom" / "server.log").exists()  # nothing was started
+    log.write_text("torch.OutOfMemoryError: CUDA out of memory.\n")  # no banner: the pass starts the server
+    done = run_target(runner, at_load)
+    assert done.outcome == "loaded" and done.start_s is not None, done
+
+
 @pytest.mark.parametrize(("mode", "why"), [("start-500", "POST /start_profile answered 500"),
                                            ("start-huge", "POST /start_profile: TooLarge")])
 def test_p9_a_failed_start_profile_is_profiler_failed_not_served(tmp_path: Path, mode: str, why: str) -> None:

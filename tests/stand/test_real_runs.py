@@ -94,6 +94,10 @@ def test_the_tiny_card_runs_out_at_load_inside_vllm_omni(example_run) -> None:
     failure = session["starts"][-1]["failure"]
     assert failure["kind"] == "oom_at_load", failure
     assert failure["oom"]["site"].startswith("vllm_omni/"), failure["oom"]
+    # no diagnosis start: the real server's profiler starts only through its endpoints, which a load OOM never opens
+    diagnosis = json.loads((run_dir / "cpu-tiny" / "default" / "diagnosis.json").read_text())
+    assert diagnosis["outcome"] == "not run" and diagnosis["start_s"] is None, diagnosis
+    assert 'its log says "vLLM server version 0.30.0"' in diagnosis["why_none"], diagnosis
 
 
 def test_the_diagnosis_pass_does_not_kill_the_server_and_reads_its_trace(example_run) -> None:
