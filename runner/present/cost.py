@@ -315,7 +315,8 @@ def diagnosis_lines(diagnoses: Sequence[DiagnosisRecord]) -> list[str]:
     for d in sorted(diagnoses, key=lambda d: (d.key, d.at)):
         got = f"`{d.snapshot.rsplit('/', 1)[-1]}`" if d.snapshot else (d.why_none or "none")
         start, request = ("–" if s is None else f"{fmt_s(s)} s" for s in (d.start_s, d.request_s))
-        lines.append(f"| {d.key} | {d.at} ({refs_text(d.references)}) | {start} | {request} | {fmt_s(d.total_s)} s | "
+        whole = "–" if d.outcome == NOT_RUN else f"{fmt_s(d.total_s)} s"
+        lines.append(f"| {d.key} | {d.at} ({refs_text(d.references)}) | {start} | {request} | {whole} | "
                      f"{d.outcome} | {got} |")
     ran = [d for d in diagnoses if d.outcome != NOT_RUN]
     total = sum(d.total_s for d in ran)

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Column
 
-from runner.core.records import DiagnosisRecord, SoakRequest, Status, StepRecord
+from runner.core.records import NOT_RUN, DiagnosisRecord, SoakRequest, Status, StepRecord
 from runner.core.units import clip, fmt_bytes, fmt_s, refs_text
 from runner.judge.decision import Verdict
 from runner.judge.verdict_text import console_line
@@ -179,8 +179,8 @@ class ProgressView(Events):
     def diagnosis_done(self, record: DiagnosisRecord) -> None:
         what = f"allocator snapshot {record.snapshot}" if record.snapshot else (record.why_none or "no snapshot")
         at = f"{record.at}, {refs_text(record.references)}"
-        self.console.print(quote.console(f"{record.key}: diagnosis pass ({at}) in {fmt_s(record.total_s)} s: "
-                                         f"{record.outcome}; {what}"),
+        took = "" if record.outcome == NOT_RUN else f" in {fmt_s(record.total_s)} s"
+        self.console.print(quote.console(f"{record.key}: diagnosis pass ({at}){took}: {record.outcome}; {what}"),
                            highlight=False, markup=False)
 
     def soak_started(self, card: str, flags: str, done: int, planned: int) -> None:

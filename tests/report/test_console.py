@@ -117,10 +117,13 @@ def test_a_diagnosis_pass_is_one_line_with_its_snapshot_or_why_none() -> None:
     view.diagnosis_done(oom)
     view.diagnosis_done(oom.model_copy(update={"references": None, "outcome": "oom at load", "snapshot": None,
                                                "why_none": "the server wrote no snapshot"}))
+    view.diagnosis_done(oom.model_copy(update={"references": None, "outcome": "not run", "snapshot": None,
+                                               "total_s": 0.0, "why_none": "its log says vLLM"}))
     assert buf.getvalue().splitlines() == [
         "cpu-tiny/int8: diagnosis pass (oom, 3 refs) in 3.50 s: oom; allocator snapshot "
         "cpu-tiny/int8/diagnosis/oom/snap.pickle",
-        "cpu-tiny/int8: diagnosis pass (oom, load) in 3.50 s: oom at load; the server wrote no snapshot"]
+        "cpu-tiny/int8: diagnosis pass (oom, load) in 3.50 s: oom at load; the server wrote no snapshot",
+        "cpu-tiny/int8: diagnosis pass (oom, load): not run; its log says vLLM"]  # no time: nothing was started
 
 
 def test_a_start_failure_gives_its_reason_on_its_line() -> None:
