@@ -38,6 +38,7 @@ from runner.judge.findings.held import Reading
 from runner.judge.findings.memory import deciding_oom
 from runner.judge.findings.retention import KEEPS, retention
 from runner.observe import bounded, isolated, quote, server_file, snapshot, trace
+from runner.observe.failures import START_LOG_BYTES
 from runner.observe.traceback import SERVER_PACKAGES
 from runner.plan.lanes import Session, Step
 from runner.run import dialects
@@ -137,9 +138,6 @@ def _trace_reading(root: Path, relative: str) -> tuple[trace.TraceMemory | None,
         return None, f"its trace {name} not read: {exc}"
 
 
-LOG_HEAD_BYTES = 256 * 1024  # a server's banner comes before its load; the log itself is the server's, untrusted
-
-
 def _endpoints_only(session_dir: Path, prof: dialects.Profiler) -> str | None:
     """The line of the session's server log, bounded and made inert, that shows its profiler starts only through
     its endpoints (Profiler.endpoints_only); None where the log has none or cannot be read."""
@@ -147,7 +145,7 @@ def _endpoints_only(session_dir: Path, prof: dialects.Profiler) -> str | None:
         return None
     try:
         with open(session_dir / "server.log", "rb") as log:
-            head = log.read(LOG_HEAD_BYTES).decode("utf-8", "replace")
+            head = log.read(START_LOG_BYTES).decode("utf-8", "replace")  # the banner comes before the load
     except OSError:
         return None
     found = re.search(prof.endpoints_only, head)

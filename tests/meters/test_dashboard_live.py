@@ -313,7 +313,7 @@ class Recorded:
     # window's maximum with it — CI, 2026-12-06: 7,203,660 B on the panel against the run's 7,234,380
     sidecar_every_scrape: bool
 
-    def sidecar_max(self, seen: float) -> None:
+    def assert_sidecar_max(self, seen: float) -> None:
         """A maximum of the sidecar's samples Prometheus kept: the run's, where no scrape was lost; never more."""
         top = max(v for _, v in self.sidecar)
         assert seen == top if self.sidecar_every_scrape else seen <= top, (seen, top, self.sidecar_every_scrape)
@@ -340,14 +340,14 @@ def check_panel(key: tuple[str, str], answer: dict, rec: Recorded) -> None:
         case ("Peak VRAM, dashboard range (sidecar NVML)", "A"):
             # both are maxima over the sidecar's own samples: Prometheus's between scrapes, the run's between
             # its polls; every sample of the session is in both where no scrape was lost
-            rec.sidecar_max(last(only(answer)))
+            rec.assert_sidecar_max(last(only(answer)))
         case ("Sidecar NVML sample rate", "A"):  # the sidecar's own figure, as served to each scrape
             check_points(title, only(answer), rec.sidecar_hz, float, end)
         case ("VRAM used (sidecar NVML): newest and max between scrapes", "A"):
             check_points(title + " (newest)", only(answer), rec.server, float, end, highs=rec.sidecar)
         case ("VRAM used (sidecar NVML): newest and max between scrapes", "B"):
             points = only(answer)
-            rec.sidecar_max(max(v for _, v in points))
+            rec.assert_sidecar_max(max(v for _, v in points))
             for t, v in points:
                 assert v <= max(held(rec.sidecar, t - BEFORE_S - 1, t + AFTER_S) or [math.inf]), (t, v)
         case ("VRAM used share of the card (DCGM)", "A"):
