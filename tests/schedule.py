@@ -2,12 +2,13 @@
 --no-loadscope-reorder), from each test's wall and CPU seconds in a recorded run (tests/durations.json, written by
 tests/durations.py). Only the order depends on it, never a result; a stale file costs time, not correctness.
 
-Two rules, both for a suite of three workers on two cores (docs/benchmarks.md, 2026-12-06):
+Two rules:
 - the longest units first, so that the last minutes are short tests on every worker, not one long test on one
   worker and idle cores;
 - the units that mostly wait (a Slurm time limit, latency sleeps, Ansible over SSH: CPU under half their wall)
-  interleaved with the ones that compute, about one waiting second for two computing ones, so that the three
-  workers keep both cores busy: three waiting units at once leave a core idle, three computing ones contend.
+  spread evenly among the ones that compute, each kind in its own longest-first order: the workers outnumber the
+  cores (scripts/test.sh) so that waiting ones leave the cores to computing ones, and clumps of either kind,
+  at the start or the end, leave a core idle or make them contend (docs/benchmarks.md, 2026-12-06).
 """
 
 from __future__ import annotations
@@ -22,16 +23,18 @@ def order(units: Mapping[str, tuple[float, float]]) -> list[str]:
     by_wall = sorted(units, key=lambda u: -units[u][0])
     computing = [u for u in by_wall if units[u][1] >= WAITING * units[u][0]]
     waiting = [u for u in by_wall if units[u][1] < WAITING * units[u][0]]
+    total_computing = sum(units[u][0] for u in computing) or 1.0
+    total_waiting = sum(units[u][0] for u in waiting) or 1.0
     out: list[str] = []
     computed = waited = 0.0
     while computing or waiting:
-        take_computing = computing and (not waiting or computed <= 2 * waited)
-        unit = (computing if take_computing else waiting).pop(0)
-        if take_computing:
-            computed += units[unit][0]
+        # the kind that is further behind its share of the wall seconds goes next
+        if computing and (not waiting or computed / total_computing <= waited / total_waiting):
+            computed += units[computing[0]][0]
+            out.append(computing.pop(0))
         else:
-            waited += units[unit][0]
-        out.append(unit)
+            waited += units[waiting[0]][0]
+            out.append(waiting.pop(0))
     return out
 
 

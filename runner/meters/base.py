@@ -192,6 +192,10 @@ class PolledMeter(Meter):
         """One reading (the polling thread calls this every 1/hz s; tests call it with a fake clock)."""
         if self._started_at is None:
             self._started_at = self.clock()
+        # A reading is stamped when it was asked for: the source took it at or after that moment. Stamped when it
+        # came back, a scrape the server answered before a short request and that came back after it (a loaded
+        # host) read as the level the request left: a soak's floor lagged one request behind (2026-12-06).
+        asked = self.clock()
         try:  # every figure is checked before any is kept: the columns stay the same length
             values = tuple(to_bytes(v, f"{self.source} reading") for v in self.read_many())
             if len(values) != 1 + len(self._x):
@@ -201,11 +205,10 @@ class PolledMeter(Meter):
         except Exception as exc:  # a meter must never take the run down
             self._failed(f"{type(exc).__name__}: {exc}", self.clock())
         else:
-            now = self.clock()
             with self._lock:
                 if self._t:
-                    self._max_gap = max(self._max_gap, now - self._t[-1])
-                self._t.append(now)
+                    self._max_gap = max(self._max_gap, asked - self._t[-1])
+                self._t.append(asked)
                 self._v.append(values[0])
                 for column, value in zip(self._x, values[1:], strict=True):
                     column.append(value)
