@@ -165,10 +165,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # The recorded units in tests/schedule.py's order; then those with no record (new tests), the `slow` ones first;
     # each unit's tests in file order (a stable sort). scripts/test.sh keeps this order (--no-loadscope-reorder).
     seconds = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
-    times = schedule.unit_times(((unit_of(item), item.nodeid) for item in items), seconds)
-    rank = {unit: n for n, unit in enumerate(schedule.order({u: t for u, t in times.items() if t[0] > 0}))}
+    unit = {item.nodeid: unit_of(item) for item in items}
+    times = schedule.unit_times(((unit[item.nodeid], item.nodeid) for item in items), seconds)
+    rank = {u: n for n, u in enumerate(schedule.order({u: t for u, t in times.items() if t[0] > 0}))}
     slow = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: (rank.get(unit_of(item), len(rank)), item.path not in slow))
+    items.sort(key=lambda item: (rank.get(unit[item.nodeid], len(rank)), item.path not in slow))
 
 
 # RUNNER_TEST_CPU_LOG=FILE: one JSON line per test with its wall time, its worker, when it ended (epoch s) and

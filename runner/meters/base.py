@@ -190,12 +190,12 @@ class PolledMeter(Meter):
 
     def sample_once(self) -> None:
         """One reading (the polling thread calls this every 1/hz s; tests call it with a fake clock)."""
-        if self._started_at is None:
-            self._started_at = self.clock()
         # A reading is stamped when it was asked for: the source took it at or after that moment. Stamped when it
         # came back, a scrape the server answered before a short request and that came back after it (a loaded
         # host) read as the level the request left: a soak's floor lagged one request behind (2026-12-06).
         asked = self.clock()
+        if self._started_at is None:
+            self._started_at = asked
         try:  # every figure is checked before any is kept: the columns stay the same length
             values = tuple(to_bytes(v, f"{self.source} reading") for v in self.read_many())
             if len(values) != 1 + len(self._x):
