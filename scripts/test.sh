@@ -19,7 +19,5 @@ fi
 .venv/bin/mypy                                # all of runner/, strict on the pure core ([tool.mypy] in pyproject.toml)
 # In parallel (pytest-xdist): much of the suite waits on servers, timers and daemons, so three workers per two cores
 # (four made each server start and run cost more CPU, contending: docs/benchmarks.md, 2026-12-06); `loadgroup` keeps
-# the tests that share one costly or exclusive thing on one worker (tests/conftest.py), handed out in the order of
-# tests/schedule.py (longest first, waiting units between computing ones), which --no-loadscope-reorder keeps.
-# RUNNER_TEST_WORKERS overrides the count.
-.venv/bin/python -m pytest -q -n "${RUNNER_TEST_WORKERS:-$(( (3 * $(nproc) + 1) / 2 ))}" --dist loadgroup --no-loadscope-reorder --durations=15   # the 15 slowest tests
+# the tests that share one costly or exclusive thing on one worker (tests/conftest.py). RUNNER_TEST_WORKERS overrides.
+.venv/bin/python -m pytest -q -n "${RUNNER_TEST_WORKERS:-$(( (3 * $(nproc) + 1) / 2 ))}" --dist loadgroup --durations=15   # the 15 slowest tests

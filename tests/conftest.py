@@ -21,8 +21,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests import schedule
-
 # pytest rewrites every test module's asserts at import and caches the result beside it, unless bytecode writing
 # is off (PYTHONDONTWRITEBYTECODE, as on CI): then each xdist worker rewrote and compiled all ~240 modules again,
 # ~8 CPU-s a process, at every run. On here, for the test modules only (the environment, and so every child,
@@ -145,31 +143,17 @@ def xdist_group(item: pytest.Item) -> str | None:
     return None
 
 
-# Each test's wall and CPU seconds in a recorded suite run (tests/durations.py writes it), for the order the workers
-# take the work in (tests/schedule.py): only the order depends on it, never a result.
-DURATIONS = Path(__file__).with_name("durations.json")
-
-
-def unit_of(item: pytest.Item) -> str:
-    """What xdist hands out whole (`--dist loadgroup`): the test's group, or the test alone."""
-    mark = item.get_closest_marker("xdist_group")
-    return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default")) if mark else item.nodeid
-
-
 @pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the marks (it would see none after)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         group = xdist_group(item)
         if group is not None and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(group))
-    # The recorded units in tests/schedule.py's order; then those with no record (new tests), the `slow` ones first;
-    # each unit's tests in file order (a stable sort). scripts/test.sh keeps this order (--no-loadscope-reorder).
-    seconds = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
-    unit = {item.nodeid: unit_of(item) for item in items}
-    times = schedule.unit_times(((unit[item.nodeid], item.nodeid) for item in items), seconds)
-    rank = {u: n for n, u in enumerate(schedule.order({u: t for u, t in times.items() if t[0] > 0}))}
+    # The slow modules first, each kept whole and in file order: xdist hands out the largest groups first and
+    # then single tests in this order, so a minute-long test no longer starts last and leaves one worker busy
+    # while the others are done (the tail of the 2026-12-04 runs, docs/benchmarks.md).
     slow = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: (rank.get(unit[item.nodeid], len(rank)), item.path not in slow))
+    items.sort(key=lambda item: item.path not in slow)
 
 
 # RUNNER_TEST_CPU_LOG=FILE: one JSON line per test with its wall time, its worker, when it ended (epoch s) and
