@@ -202,7 +202,11 @@ def local_example(tmp_path_factory: pytest.TempPathFactory) -> ExampleRun:
     # At 4 steps, not the file's 8: the same cells, worlds, OOM sites and findings (a request's peak does not
     # depend on the step count), for three quarters of the CPU (256 against 335 CPU-s alone, docs/benchmarks.md).
     # The file as it stands is the README's first command, run in a fresh clone before every landing.
-    example = example_copy("local.toml", results / "matrix", steps="4")
+    # Its latency limit at 10×, not the file's 3×: the worlds these tests read are the memory's (cpu-offload serves
+    # 4 references at ~1.25× the default's latency on a quiet machine), while beside the suite's real-server starts
+    # the ratio's interval once read 2.00× [0.95–4.20] and left cpu-tight undecided (docs/benchmarks.md,
+    # 2026-12-06). Judging latency under load is tests/e2e/test_undecided.py's and test_auto_repeats.py's work.
+    example = example_copy("local.toml", results / "matrix", verdict={"max_latency_ratio": "10.0"}, steps="4")
     # 6:37 in CI with four workers on 2 cores (stop 36): the bound is pytest-timeout's, less a margin to say so
     proc = subprocess.run([sys.executable, "-m", "runner", str(example), "--results", str(results), "--no-progress"],
                           capture_output=True, text=True, timeout=850)

@@ -19,6 +19,10 @@ from runner.observe.traceback import site_of, tracebacks
 from runner.run import dialects
 from tests.stand.conftest import TEXT_TO_IMAGE, RealServer, start, stop
 
+# These tests start the real server (a minute a start under the suite's load): handed out with the slow tests
+# (tests/conftest.py), before the quick ones, so that none of them is the last thing a worker does
+pytestmark = pytest.mark.slow
+
 CAPACITY_GIB = 0.25  # 256 MiB: 1-4 references at 256x256 serve (153-240 MiB), one at 1024x1024 does not
 SERVED = "tiny-edit-plus"
 
