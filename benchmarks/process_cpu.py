@@ -8,8 +8,8 @@ waits for (sshd's and slurmd's children, containers) included.
     .venv/bin/python benchmarks/process_cpu.py /tmp/suite.pacct
 
 A process is named by its command name (comm, 15 characters): Python programs are mostly `python`, so name the
-ones to tell apart in a scratch clone first (prctl(PR_SET_NAME), as the 2026-12-04 eleventh-session run did for
-the runner and the reference servers). ansible-playbook's forks keep its name: they are counted apart.
+ones to tell apart in a scratch clone first: benchmarks/sitecustomize_names.py names the runner, the reference
+servers, the workers and the tests' scripts. ansible-playbook's forks keep its name: they are counted apart.
 """
 
 from __future__ import annotations
