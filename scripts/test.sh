@@ -17,8 +17,8 @@ elif ! docker/omni-stand/build.sh > /dev/null; then
 fi
 .venv/bin/ruff check .
 .venv/bin/mypy                                # all of runner/, strict on the pure core ([tool.mypy] in pyproject.toml)
-# In parallel (pytest-xdist): much of the suite waits on servers, timers and daemons, so two workers per core: with
-# three per two cores a fifth of the cores' time stood idle, four took 5 % more CPU and finished 46 s sooner
-# (docs/benchmarks.md, 2026-12-07); `loadgroup` keeps the tests that share one costly or exclusive thing on one
-# worker (tests/conftest.py). RUNNER_TEST_WORKERS overrides.
-.venv/bin/python -m pytest -q -n "${RUNNER_TEST_WORKERS:-$(( 2 * $(nproc) ))}" --dist loadgroup --durations=15   # the 15 slowest tests
+# In parallel (pytest-xdist): much of the suite waits on servers, timers and daemons, so three workers per two cores.
+# Four were 46 s faster at a fast hour and 1:36 slower at a slow one, where the suite is CPU-bound and a fourth
+# only contends (docs/benchmarks.md, 2026-12-07). `loadgroup` keeps the tests that share one costly or exclusive
+# thing on one worker (tests/conftest.py). RUNNER_TEST_WORKERS overrides.
+.venv/bin/python -m pytest -q -n "${RUNNER_TEST_WORKERS:-$(( (3 * $(nproc) + 1) / 2 ))}" --dist loadgroup --durations=15   # the 15 slowest tests
