@@ -5,8 +5,8 @@ process only by its 15-character command name: every Python program would be `py
 
 rs-qwen / rs-toy: a reference server (the Qwen-Image arch or the toy one); rn-run, rn-report, rn-plan…: the runner
 and its commands; pytest-gw: an xdist worker; s-<script>: a script the tests start (fake servers, Ansible's
-modules). One test reads a process's name in an error (tests/safety/test_local_safety.py, "(python"): it fails
-under this naming, as it should.
+modules). One test reads a process's real name in an error (tests/safety/test_local_safety.py, "(python"): it
+fails under this naming.
 """
 
 from __future__ import annotations

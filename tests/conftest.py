@@ -91,6 +91,16 @@ def example_copy(name: str, folder: Path, verdict: dict[str, str] | None = None,
     own cards, servers, flag sets and fixtures, with less work where a test reads something else than the work's
     outcome."""
     text = (EXAMPLES / name).read_text().replace('"refs/', f'"{EXAMPLES}/refs/')
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(with_keys(text, verdict, matrix, **run))
+    return path
+
+
+def with_keys(text: str, verdict: dict[str, str] | None = None, matrix: dict[str, str] | None = None,
+              **run: str) -> str:
+    """A matrix's TOML text with its [run] keys (and `verdict`'s [verdict] keys, `matrix`'s [matrix] keys) set to
+    the given TOML values, added where the text has none."""
     for table, keys in (("run", run), ("verdict", verdict or {}), ("matrix", matrix or {})):
         if f"\n[{table}]\n" not in text:
             text += f"\n[{table}]\n"
@@ -99,10 +109,7 @@ def example_copy(name: str, folder: Path, verdict: dict[str, str] | None = None,
             body, n = re.subn(rf"^{key} = .*$", f"{key} = {value}", body, count=1, flags=re.M)
             body = body if n else f"{key} = {value}\n{body}"
         text = f"{head}\n[{table}]\n{body}"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / name
-    path.write_text(text)
-    return path
+    return text
 
 
 @dataclass(frozen=True)

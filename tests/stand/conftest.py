@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.conftest import example_copy
 from tests.refserver.refserver_helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,6 +34,14 @@ BASE_ENV = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_LOGGING_COLOR": "0", "HF_HUB_OFFL
 # (the examples, both stand fixtures and the Slurm runs at once, on a machine at two thirds of its speed) a local
 # start took 104 s and one in a container passed 180 s (2026-12-07). The claims are not about start time.
 READY_TIMEOUT_S = 600
+
+
+def stand_example(folder: Path, verdict: dict[str, str] | None = None, matrix: dict[str, str] | None = None,
+                  **run: str) -> Path:
+    """examples/real-omni.toml written into FOLDER (tests.conftest.example_copy) with one seed, one send a step
+    and the suite's ready timeout, and the given keys."""
+    return example_copy("real-omni.toml", folder, verdict, matrix, seeds="[2301]", repeats="1",
+                        ready_timeout_s=str(READY_TIMEOUT_S), **run)
 
 
 def require_stand() -> None:

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import example_copy
-from tests.stand.conftest import EDIT_PLUS, OOM_SITE, READY_TIMEOUT_S, REQUIRED, ROOT, require_stand
+from tests.stand.conftest import EDIT_PLUS, OOM_SITE, REQUIRED, ROOT, require_stand, stand_example
 
 # On the worker of tests/docker/: a run with docker cards first reaps the runner-managed containers whose runner is
 # gone, which tests/docker/test_owners.py makes on purpose (tests/conftest.py, GROUP_BY_FOLDER).
@@ -50,9 +49,8 @@ def docker_matrix(folder: Path, image: str) -> Path:
     `vllm-omni serve` (the image's entrypoint), the model at /models, the cards cpu-small and cpu-tiny. No diagnosis
     pass: what these tests compare with the local backend is read from the measured starts and requests, and a pass
     is two more starts of the real server (the local backend's are tests/stand/test_real_runs.py's)."""
-    path = example_copy("real-omni.toml", folder, seeds="[2301]", repeats="1", diagnosis='"off"',
-                        ready_timeout_s=str(READY_TIMEOUT_S),
-                        matrix={"flags": '["default"]', "cards": '["cpu-small", "cpu-tiny"]'})
+    path = stand_example(folder, diagnosis='"off"',
+                         matrix={"flags": '["default"]', "cards": '["cpu-small", "cpu-tiny"]'})
     text = path.read_text()
     text = re.sub(r'command = \[".stand/venv/bin/vllm-omni", "serve", ".stand/models/tiny-qwen-image-edit-plus",',
                   f'image = "{image}"\nport = 8000\nmounts = [{{ source = "{EDIT_PLUS.resolve()}", '

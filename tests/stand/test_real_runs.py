@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import example_copy
-from tests.stand.conftest import OOM_SITE, READY_TIMEOUT_S, ROOT, require_stand
+from tests.conftest import with_keys
+from tests.stand.conftest import OOM_SITE, READY_TIMEOUT_S, ROOT, require_stand, stand_example
 
 # These tests start the real server (a minute a start under the suite's load): handed out with the slow tests
 # (tests/conftest.py), before the quick ones, so that none of them is the last thing a worker does
@@ -31,9 +31,7 @@ def example_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Co
     the example itself shows that); the diagnosis pass on."""
     require_stand()
     results = tmp_path_factory.mktemp("real-omni")
-    matrix = example_copy("real-omni.toml", results / "matrix", seeds="[2301]", repeats="1",
-                          ready_timeout_s=str(READY_TIMEOUT_S),
-                          matrix={"flags": '["default"]'})
+    matrix = stand_example(results / "matrix", matrix={"flags": '["default"]'})
     proc = run(matrix, results)
     (run_dir,) = results.glob("real-omni-*")
     return proc, run_dir
@@ -118,10 +116,9 @@ def test_the_diagnosis_pass_does_not_kill_the_server_and_reads_its_trace(example
 
 def test_a_start_without_the_platform_quotes_the_cause_not_the_wrapper(tmp_path: Path) -> None:
     require_stand()
-    matrix = example_copy("real-omni.toml", tmp_path / "matrix", seeds="[2301]", repeats="1",
-                          ready_timeout_s=str(READY_TIMEOUT_S),
-                          matrix={"flags": '["default"]', "cards": '["cpu-roomy"]', "references": "[1]"},
-                          verdict={"target_references": "1"})
+    matrix = stand_example(tmp_path / "matrix", matrix={"flags": '["default"]', "cards": '["cpu-roomy"]',
+                                                        "references": "[1]"},
+                           verdict={"target_references": "1"})
     # VLLM_PLUGINS names the plugins vLLM-Omni may load: ours is not among them, so 0.30.0 runs without a platform
     matrix.write_text(matrix.read_text().replace('VLLM_TARGET_DEVICE = "cpu",',
                                                  'VLLM_TARGET_DEVICE = "cpu", VLLM_PLUGINS = "none",'))
@@ -143,8 +140,7 @@ def fixture_matrix(name: str, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
     text = (FIXTURES / name).read_text().replace('"refs/', f'"{ROOT}/examples/refs/')
-    assert "\nready_timeout_s = 180\n" in text
-    path.write_text(text.replace("\nready_timeout_s = 180\n", f"\nready_timeout_s = {READY_TIMEOUT_S}\n"))
+    path.write_text(with_keys(text, ready_timeout_s=str(READY_TIMEOUT_S)))
     return path
 
 
