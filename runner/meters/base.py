@@ -92,6 +92,11 @@ class Meter(ABC):
         values = [v for t, v in zip(s.t, s.value, strict=True) if t0 <= t <= t1]
         return floor_level(self, values, t1 - t0)
 
+    def level_pending(self, t0: float) -> bool:
+        """Whether a quiet window from t0 that has no level from this source yet is worth widening: the source
+        has read before (a loaded host, a slow page can miss one window)."""
+        return bool(self.provenance().get("samples"))
+
     def extra_series(self) -> tuple[Series, ...]:
         """Secondary series of the same source (NVML's driver-reserved bytes), for memory.csv and plots."""
         return ()
@@ -156,6 +161,7 @@ class PolledMeter(Meter):
         self._x: tuple[array[int], ...] = tuple(array("q") for _ in self.extra_metrics)
         self._errors = 0
         self._last_error: str | None = None
+        self._answered: float | None = None  # when the newest read that came back (a figure or an error) was asked
         self._outages: list[list[float]] = []  # [start, end] (end = start while it lasts)
         self._in_outage = False
         self._max_gap = 0.0
@@ -213,6 +219,7 @@ class PolledMeter(Meter):
                 for column, value in zip(self._x, values[1:], strict=True):
                     column.append(value)
                 self._in_outage = False
+        self._answered = asked
 
     def _loop(self) -> None:
         run_at_rate(self._stop, self.hz, self.sample_once)
@@ -269,6 +276,13 @@ class PolledMeter(Meter):
             values = self._v[lo:hi]
         return floor_level(self, values, t1 - t0, None if values else
                            f"no sample in the {t1 - t0:.2f} s quiet window ({self._last_error or 'source silent'})")
+
+    def level_pending(self, t0: float) -> bool:
+        # Also a poller that has not answered since t0: the first read after a server is ready may still be on
+        # its way on a starved host; the level after the load was lost that way (2026-12-07). One that answered
+        # with an error in the window has none to give.
+        running = self._thread is not None and not self._stop.is_set()
+        return super().level_pending(t0) or (running and (self._answered is None or self._answered < t0))
 
     def provenance(self) -> dict[str, Any]:
         with self._lock:

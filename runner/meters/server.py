@@ -119,6 +119,9 @@ class ServerMetricsMeter(PolledMeter):
                                                   "between requests")
         return super().window_floor(t0, t1)
 
+    def level_pending(self, t0: float) -> bool:
+        return self.kind != "last-peak" and super().level_pending(t0)  # a peak gauge never gives a level
+
     def stop(self) -> None:
         super().stop()
         self.client.close()

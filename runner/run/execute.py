@@ -278,11 +278,11 @@ class SessionRunner:
         device = [m for m in meters if m.metric == MemoryMetric.DEVICE]
         t0 = time.time()
         self.ctx.stop.wait(self.run.quiet_s)
-        # A sampler that has read before but not in this window (a loaded host, a slow /metrics) gets the window
-        # widened, up to QUIET_WIDEN times: one missed sample must not cost a finding its load level
+        # A sampler whose level may still come (Meter.level_pending: a loaded host, a slow /metrics) gets the
+        # window widened, up to QUIET_WIDEN times: one missed sample must not cost a finding its load level
         for _ in range(QUIET_WIDEN):
             levels = [m.window_floor(t0, time.time()) for m in device]
-            if self.ctx.stop.is_set() or all(lv.available or not m.provenance().get("samples")
+            if self.ctx.stop.is_set() or all(lv.available or not m.level_pending(t0)
                                              for m, lv in zip(device, levels, strict=True)):
                 break
             self.ctx.stop.wait(self.run.quiet_s)

@@ -35,6 +35,8 @@ def test_vllm_omni_peak_gauge_is_scraped_per_request() -> None:
         time.sleep(0.1)
         stale = meter.window_peak(t2, time.time())
         assert stale.bytes == 23522 * 2**20 and "may be the previous request's" in stale.reason
+        # a finished request's peak is no level between requests: a quiet window is not widened waiting for one
+        assert not meter.window_floor(t2, time.time()).available and not meter.level_pending(t2)
         meter.stop()
         assert meter.kind == "last-peak" and meter.provenance()["available"]
         # the session's window, asked after stop: the highest sample polled, not a read on a closed client
