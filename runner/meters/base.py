@@ -211,15 +211,21 @@ class PolledMeter(Meter):
         except Exception as exc:  # a meter must never take the run down
             self._failed(f"{type(exc).__name__}: {exc}", self.clock())
         else:
-            with self._lock:
-                if self._t:
-                    self._max_gap = max(self._max_gap, asked - self._t[-1])
-                self._t.append(asked)
-                self._v.append(values[0])
-                for column, value in zip(self._x, values[1:], strict=True):
-                    column.append(value)
-                self._in_outage = False
+            self.keep(asked, values)
+            self._in_outage = False
         self._answered = asked
+
+    def keep(self, asked: float, values: tuple[int, ...]) -> None:
+        """Add a reading stamped when it was asked, in time order: one taken outside the polling thread (a read
+        right after a response) may come back after a later poll's."""
+        with self._lock:
+            i = bisect_right(self._t, asked)
+            if i == len(self._t) and self._t:
+                self._max_gap = max(self._max_gap, asked - self._t[-1])
+            self._t.insert(i, asked)
+            self._v.insert(i, values[0])
+            for column, value in zip(self._x, values[1:], strict=True):
+                column.insert(i, value)
 
     def _loop(self) -> None:
         run_at_rate(self._stop, self.hz, self.sample_once)

@@ -11,6 +11,8 @@ Two kinds of gauge are known, and they mean different things:
   right after the response, and compared with the value before the request. 0.30.0 declares the family on
   every /metrics page but gives it a sample only with `--log-stats`, after a request that measured a peak
   above 0 (measured): declared without a sample is "no reading yet", never "no gauge", and is asked again.
+  Between requests it is polled once a second (LAST_PEAK_POLL_S), not at the run's rate: it changes only when a
+  request ends, and every poll is a request the server under test answers on its own event loop.
 A server with neither gauge is recorded as such (the Dec-2025 snapshot exports none).
 """
 
@@ -23,13 +25,22 @@ from prometheus_client.parser import text_string_to_metric_families
 from runner.backends.base import RunningServer
 from runner.core.records import Level, Peak
 from runner.core.units import MIB
-from runner.meters.base import Meter, PolledMeter, SourceUnavailable, UnavailableMeter, fetch_text, floor_level
+from runner.meters.base import (
+    Meter,
+    PolledMeter,
+    SourceUnavailable,
+    UnavailableMeter,
+    fetch_text,
+    floor_level,
+    run_at_rate,
+)
 from runner.observe import bounded
 from runner.observe.reading import to_bytes
 from runner.plan.matrix import Card
 
 DEVICE_GAUGES = ("refserver_device_memory_bytes", "runner_card_allocated_bytes")
 PEAK_GAUGES = ("vllm_omni:peak_memory_mb",)  # MiB per stage, last request's reserved peak
+LAST_PEAK_POLL_S = 1.0  # the poll period of a last-request peak gauge (read after each response besides)
 
 
 def _families(text: str, names: tuple[str, ...]) -> dict[str, list[float]]:
@@ -68,6 +79,17 @@ class ServerMetricsMeter(PolledMeter):
         self.client = bounded.client(timeout=2.0)
         self.absent: str | None = None  # set once the server answered without any memory gauge
         self.kind: str | None = None  # "current" or "last-peak", once seen
+        self._polled: float | None = None  # when the polling thread last asked
+
+    def _loop(self) -> None:
+        run_at_rate(self._stop, self.hz, self._poll)
+
+    def _poll(self) -> None:
+        now = self.clock()
+        if self.kind == "last-peak" and self._polled is not None and now - self._polled < LAST_PEAK_POLL_S:
+            return
+        self._polled = now
+        self.sample_once()
 
     @property
     def url(self) -> str:
@@ -95,17 +117,21 @@ class ServerMetricsMeter(PolledMeter):
         # After stop (the session's own peaks) there is no request to read after: the samples polled are it.
         if self.kind != "last-peak" or self.client.is_closed:
             return super().window_peak(t0, t1)
+        asked = self.clock()
         try:
             after = self.read()  # the gauge was set before the response went out
         except Exception as exc:  # a meter never takes the run down
             return Peak(source=self.source, metric=self.metric, bytes=None, samples=0, rate_hz=None, available=False,
                         reason=f"no reading after the request: {exc}")
-        if after == 0:  # vLLM-Omni sets it from `peak or 0.0`: a worker that measured nothing reports 0
-            return Peak(source=self.source, metric=self.metric, bytes=None, samples=1, rate_hz=None, available=False,
-                        reason="unavailable: the server reported 0.0 (not measured)")
         with self._lock:
             i = bisect_right(self._t, t0)
             before = self._v[i - 1] if i else None
+        # a sample like a poll's: the gauge changes only when a request ends, so this is its value until the next
+        # one ends (the next request's "before", the session's peak)
+        self.keep(asked, (after,))
+        if after == 0:  # vLLM-Omni sets it from `peak or 0.0`: a worker that measured nothing reports 0
+            return Peak(source=self.source, metric=self.metric, bytes=None, samples=1, rate_hz=None, available=False,
+                        reason="unavailable: the server reported 0.0 (not measured)")
         what = "vllm_omni:peak_memory_mb (reserved, this request, read after the response)"
         if before is not None and before == after:
             what += "; equal to the value before the request: it is set only on success, so it may be the " \

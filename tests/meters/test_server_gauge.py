@@ -87,3 +87,32 @@ def test_a_declared_gauge_without_a_sample_is_asked_again_until_a_request_sets_i
     finally:
         server.shutdown()
         thread.join(timeout=5)
+
+
+def test_a_last_request_peak_gauge_is_polled_once_a_second_and_read_after_each_response() -> None:
+    """vLLM-Omni's peak gauge changes only when a request ends, and each answer's figure is read right after it:
+    between requests it is polled once a second, not at the run's 20 Hz (each poll is a request the server under
+    test answers on its own event loop). The read after a response is a sample: the next request's "before"
+    and the session's peak, with no poll between them."""
+    registry = CollectorRegistry()
+    gauge = Gauge("vllm_omni:peak_memory_mb", "Peak GPU memory in MB observed during a stage's generation.",
+                  ["model_name", "stage"], registry=registry)
+    gauge.labels(model_name="m", stage="0").set(1000.0)
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+    try:
+        meter = ServerMetricsMeter(SimpleNamespace(base_url=f"http://127.0.0.1:{server.server_address[1]}"), 20)
+        meter.start()
+        time.sleep(2.5)  # idle: the first poll finds the kind, then one a second
+        assert meter.kind == "last-peak" and 2 <= meter.provenance()["samples"] <= 4, meter.provenance()
+        t0 = time.time()
+        gauge.labels(model_name="m", stage="0").set(2000.0)  # a request ends
+        first = meter.window_peak(t0, time.time())
+        assert first.bytes == 2000 * 2**20 and "equal to the value before" not in (first.reason or "")
+        t1 = time.time()  # a request that failed, within the second: the gauge keeps the previous request's figure
+        again = meter.window_peak(t1, time.time())
+        assert again.bytes == 2000 * 2**20 and "may be the previous request's" in (again.reason or ""), again
+        meter.stop()
+        assert meter.window_peak(0, time.time()).bytes == 2000 * 2**20  # the session's peak holds the last read
+    finally:
+        server.shutdown()
+        thread.join(timeout=5)
