@@ -103,7 +103,7 @@ def test_a_last_request_peak_gauge_is_polled_once_a_second_and_read_after_each_r
         meter = ServerMetricsMeter(SimpleNamespace(base_url=f"http://127.0.0.1:{server.server_address[1]}"), 20)
         meter.start()
         time.sleep(2.5)  # idle: the first poll finds the kind, then one a second
-        assert meter.kind == "last-peak" and 2 <= meter.provenance()["samples"] <= 4, meter.provenance()
+        assert meter.kind == "last-peak" and 1 <= meter.provenance()["samples"] <= 4, meter.provenance()  # not 50
         t0 = time.time()
         gauge.labels(model_name="m", stage="0").set(2000.0)  # a request ends
         first = meter.window_peak(t0, time.time())
