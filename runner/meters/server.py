@@ -79,16 +79,14 @@ class ServerMetricsMeter(PolledMeter):
         self.client = bounded.client(timeout=2.0)
         self.absent: str | None = None  # set once the server answered without any memory gauge
         self.kind: str | None = None  # "current" or "last-peak", once seen
-        self._polled: float | None = None  # when the polling thread last asked
 
     def _loop(self) -> None:
         run_at_rate(self._stop, self.hz, self._poll)
 
     def _poll(self) -> None:
-        now = self.clock()
-        if self.kind == "last-peak" and self._polled is not None and now - self._polled < LAST_PEAK_POLL_S:
+        last = self._answered  # the polling thread's own previous read: ticks run one after the other
+        if self.kind == "last-peak" and last is not None and self.clock() - last < LAST_PEAK_POLL_S:
             return
-        self._polled = now
         self.sample_once()
 
     @property
