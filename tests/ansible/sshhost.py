@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.ports import free_port
+
 SIDECAR_UNIT = "runner-meter.service"  # the meters sidecar's systemd user unit (roles/meters_sidecar)
 SSHD = "/usr/sbin/sshd"
 SYSTEMD = "/lib/systemd/systemd"
@@ -69,12 +71,6 @@ def skip_reason() -> str | None:
     if not all(r.is_dir() for r in CGROUP_ROOTS):
         return "no cgroup hierarchy for a user systemd manager here"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 10) -> None:

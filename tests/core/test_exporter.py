@@ -10,9 +10,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from runner.backends.local import free_port
 from runner.core.records import Failure, FailureClass, Peak, Status, StepRecord
 from runner.present.exporter import RunExporter
+from tests.ports import free_port
 
 
 def test_exporter_serves_step_outcomes_and_live_memory() -> None:

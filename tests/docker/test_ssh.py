@@ -21,6 +21,7 @@ import pytest
 from dockerkit import dead_owner_labels, labels, make_spec, new_run_id, refserver_argv
 
 from runner.backends.docker import DockerServer, reap
+from tests.ports import free_port
 
 SSHD = "/usr/sbin/sshd"
 
@@ -33,12 +34,6 @@ class Sshd:
     @property
     def docker_host(self) -> str:
         return f"ssh://root@127.0.0.1:{self.port}"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _keygen(path: Path) -> None:
@@ -57,7 +52,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
     _keygen(d / "host_key")
     _keygen(d / "client_key")
     (d / "authorized_keys").write_text((d / "client_key.pub").read_text())
-    port = _free_port()
+    port = free_port()
     (d / "sshd_config").write_text(f"""\
 Port {port}
 ListenAddress 127.0.0.1

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import threading
 import time
@@ -15,16 +14,12 @@ from pathlib import Path
 
 import httpx
 
+from tests.ports import free_port
+
 FIXTURES = Path(__file__).parent / "fixtures"
 GPU0_UUID = "GPU-4f9b6c2e-8a1d-3e57-b0c4-9d2e71a5f836"
 MIB = 1 << 20
 TOTAL_MIB, RESERVED_MIB = 143771, 615
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def recorded_series() -> list[int]:

@@ -57,9 +57,9 @@ def exported_names() -> set[str]:
 
 def runner_exporter_names() -> set[str]:
     """What `runner MATRIX --metrics-port` serves, from a real exporter fed one finished step."""
-    from runner.backends.local import free_port
     from runner.core.records import Peak, Status, StepRecord
     from runner.present.exporter import RunExporter
+    from tests.ports import free_port
 
     port = free_port()
     exporter = RunExporter("r", port)

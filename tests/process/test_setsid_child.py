@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import socket
 import sys
 import textwrap
 import time
@@ -16,6 +15,7 @@ from runner.backends.base import Attempt, StartFailed
 from runner.backends.local import LocalServer
 from runner.plan.lanes import ServerPlan
 from runner.plan.matrix import ServerProfile
+from tests.ports import free_port
 
 # Forks a child that leaves the process group (setsid) and sleeps; the parent then exits (mode "exit") or
 # serves /health and stays (mode "stay").
@@ -36,12 +36,6 @@ SERVER = textwrap.dedent("""
             self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
     http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
 """)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def alive(pid: int) -> bool:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import io
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,14 +15,10 @@ import httpx
 import numpy as np
 from PIL import Image, ImageDraw
 
+from tests.ports import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 6  # few steps keep the suite fast; the maths is the same at 50
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

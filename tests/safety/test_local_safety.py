@@ -22,14 +22,9 @@ from runner.backends.base import PORT_TRIES, Attempt, StartFailed
 from runner.backends.local import LocalServer
 from runner.plan.lanes import RUNTIME_PORT, ServerPlan
 from runner.plan.matrix import ServerProfile
+from tests.ports import free_port
 
 DECOY = Path(__file__).with_name("decoy.py")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(predicate, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]

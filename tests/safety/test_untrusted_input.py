@@ -31,20 +31,13 @@ from runner.plan.matrix import ServerProfile, load_matrix
 from runner.present.progress import ProgressView
 from runner.run.execute import Baselines, References, RunContext, Served, SessionRunner
 from runner.run.store import RunStore
+from tests.ports import free_port
 
 HOSTILE = Path(__file__).with_name("hostile.py")
 ROOT = Path(__file__).resolve().parents[2]
 REF = ROOT / "examples" / "refs" / "ref-1.png"
 SECRET = "hf_Zq8TOKEN0123456789abcdefSECRET"
 ESC = "\x1b"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def within(seconds: float, call: Callable[[], object]) -> object:

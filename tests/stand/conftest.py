@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.conftest import example_copy
-from tests.refserver.refserver_helpers import free_port
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 STAND = ROOT / ".stand"
