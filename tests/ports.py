@@ -15,6 +15,8 @@ import os
 import socket
 from pathlib import Path
 
+from runner.backends.local import HOST, port_busy
+
 LOWEST = 10_000  # above the well-known and registered services a test machine runs (Prometheus 9090, dcgm 9400)
 
 
@@ -35,25 +37,16 @@ def _worker_block() -> range:
     return span[worker * size:(worker + 1) * size]
 
 
-_next = itertools.cycle(_worker_block())
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
+_BLOCK = _worker_block()
+_next = itertools.cycle(_BLOCK)
 
 
 def free_port() -> int:
     """A port on 127.0.0.1 nothing listens on, outside the ephemeral range where the machine allows it."""
-    block = _worker_block()
-    for _ in range(len(block)):
+    for _ in range(len(_BLOCK)):
         port = next(_next)
-        if _bindable(port):
+        if port_busy(HOST, port) is None:
             return port
     with socket.socket() as s:  # no room outside the ephemeral range, or all of it taken: the kernel's pick
-        s.bind(("127.0.0.1", 0))
+        s.bind((HOST, 0))
         return int(s.getsockname()[1])
